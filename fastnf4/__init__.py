@@ -1,0 +1,13 @@
+"""fastnf4: fast NF4 kernels, bit-compatible with bitsandbytes.
+
+Importing this package never touches a GPU: kernels compile and device properties are read on first use.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import _ops  # noqa: F401  (registers the fastnf4:: custom ops)
+from .api import dequantize, quantize
+from .format import NF4Weight
+
+__all__ = ["NF4Weight", "dequantize", "quantize", "__version__"]

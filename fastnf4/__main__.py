@@ -1,0 +1,5 @@
+import sys
+
+from fastnf4.cli import main
+
+sys.exit(main())

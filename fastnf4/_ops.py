@@ -1,0 +1,212 @@
+"""The op contract: every ``fastnf4::`` custom op, its argument checks and its fake (meta) implementation.
+
+Each op has one real implementation that asks :func:`fastnf4._triton.use_triton` whether the Triton kernel
+can run on the tensors' device and otherwise runs the pure-PyTorch reference (``ops/<family>/naive.py``).
+The checks run in the real and the fake implementation alike, so a bad call fails with a ``ValueError`` or
+``TypeError`` naming the problem, eagerly, under ``torch.compile`` and before any kernel is launched.
+
+Ops (flat tensors; the Python API in :mod:`fastnf4.api` reshapes):
+
+* ``dequantize_4bit(packed, absmax, code, blocksize, numel, dtype, nested_code?, nested_absmax?, offset?,
+  nested_blocksize) -> Tensor[numel]`` and ``dequantize_4bit_out(..., out)`` writing into ``out``.
+* ``quantize_4bit(A, blocksize, quant_type) -> (packed uint8 [ceil(n/2)], absmax float32 [ceil(n/bs)])``.
+* ``quantize_8bit(A, offset, code, blocksize) -> (uint8 [n], absmax float32 [ceil(n/bs)])``: blockwise 8-bit
+  quantization of ``A - offset`` with a 256-entry sorted code (double quantization of the statistics).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _triton
+from .codebooks import BLOCKSIZES, QUANT_TYPES
+from .ops.dequantize import naive as dq_naive
+from .ops.quantize import naive as q_naive
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _require(cond: bool, exc: type, msg: str) -> None:
+    if not cond:
+        raise exc(msg)
+
+
+def _same_device(what: str, t: torch.Tensor, device: torch.device) -> None:
+    _require(t.device == device, ValueError, f"{what} is on {t.device}, expected {device} (device mismatch)")
+
+
+def check_dequantize_args(
+    packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, numel: int,
+    dtype: torch.dtype, nested_code: Optional[torch.Tensor], nested_absmax: Optional[torch.Tensor],
+    offset: Optional[torch.Tensor], nested_blocksize: int,
+) -> None:
+    _require(blocksize in BLOCKSIZES, ValueError, f"unsupported blocksize {blocksize}; expected one of {BLOCKSIZES}")
+    _require(dtype in FLOAT_DTYPES, TypeError, f"output dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    _require(numel >= 0, ValueError, f"numel must be >= 0, got {numel}")
+    _require(packed.dtype == torch.uint8, TypeError, f"packed must be uint8, got {packed.dtype}")
+    _require(packed.is_contiguous(), ValueError, "packed must be contiguous")
+    _require(
+        packed.numel() == (numel + 1) // 2, ValueError,
+        f"packed has {packed.numel()} bytes but {numel} elements need {(numel + 1) // 2} (shape/packed size mismatch)",
+    )
+    dev = packed.device
+    nblocks = -(-numel // blocksize)
+    _require(code.dtype == torch.float32 and code.numel() == 16, TypeError, "code must be a float32 table of 16 entries")
+    _same_device("code", code, dev)
+    nested = nested_code is not None
+    _require(
+        (nested_absmax is not None) == nested and (offset is not None) == nested, ValueError,
+        "double quantization needs nested_code, nested_absmax and offset together",
+    )
+    _require(
+        absmax.dtype == (torch.uint8 if nested else torch.float32), TypeError,
+        f"absmax must be {'uint8 (nested)' if nested else 'float32'}, got {absmax.dtype}",
+    )
+    _require(absmax.numel() == nblocks, ValueError, f"absmax has {absmax.numel()} entries, expected {nblocks}")
+    _require(absmax.is_contiguous(), ValueError, "absmax must be contiguous")
+    _same_device("absmax", absmax, dev)
+    if nested:
+        _require(nested_blocksize in BLOCKSIZES, ValueError, f"unsupported nested_blocksize {nested_blocksize}")
+        n2 = -(-nblocks // nested_blocksize)
+        _require(
+            nested_code.dtype == torch.float32 and nested_code.numel() == 256, TypeError,
+            "nested_code must be a float32 table of 256 entries",
+        )
+        _require(
+            nested_absmax.dtype == torch.float32 and nested_absmax.numel() == n2, ValueError,
+            f"nested_absmax must be float32 with {n2} entries, got {nested_absmax.dtype} with {nested_absmax.numel()}",
+        )
+        _require(offset.dtype == torch.float32 and offset.numel() == 1, TypeError, "offset must be a float32 scalar tensor")
+        for what, t in (("nested_code", nested_code), ("nested_absmax", nested_absmax), ("offset", offset)):
+            _same_device(what, t, dev)
+            _require(t.is_contiguous(), ValueError, f"{what} must be contiguous")
+
+
+def _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize):
+    if _triton.use_triton(packed.device):
+        from .ops.dequantize import kernel
+
+        kernel.launch(
+            packed, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize,
+            manual_bf16=_triton.interpreter_enabled(),
+        )
+    else:
+        out.copy_(
+            dq_naive.dequantize(
+                packed, absmax, code, blocksize, numel, out.dtype, nested_code, nested_absmax, offset, nested_blocksize
+            )
+        )
+
+
+@torch.library.custom_op("fastnf4::dequantize_4bit", mutates_args=())
+def dequantize_4bit(
+    packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, numel: int, dtype: torch.dtype,
+    nested_code: Optional[torch.Tensor], nested_absmax: Optional[torch.Tensor], offset: Optional[torch.Tensor],
+    nested_blocksize: int,
+) -> torch.Tensor:
+    check_dequantize_args(packed, absmax, code, blocksize, numel, dtype, nested_code, nested_absmax, offset, nested_blocksize)
+    out = torch.empty(numel, dtype=dtype, device=packed.device)
+    _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize)
+    return out
+
+
+@dequantize_4bit.register_fake
+def _(packed, absmax, code, blocksize, numel, dtype, nested_code, nested_absmax, offset, nested_blocksize):
+    check_dequantize_args(packed, absmax, code, blocksize, numel, dtype, nested_code, nested_absmax, offset, nested_blocksize)
+    return packed.new_empty(numel, dtype=dtype)
+
+
+@torch.library.custom_op("fastnf4::dequantize_4bit_out", mutates_args=("out",))
+def dequantize_4bit_out(
+    packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, numel: int,
+    nested_code: Optional[torch.Tensor], nested_absmax: Optional[torch.Tensor], offset: Optional[torch.Tensor],
+    nested_blocksize: int, out: torch.Tensor,
+) -> None:
+    check_out(out, numel, packed.device)
+    check_dequantize_args(packed, absmax, code, blocksize, numel, out.dtype, nested_code, nested_absmax, offset, nested_blocksize)
+    _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize)
+
+
+@dequantize_4bit_out.register_fake
+def _(packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize, out):
+    check_out(out, numel, packed.device)
+    check_dequantize_args(packed, absmax, code, blocksize, numel, out.dtype, nested_code, nested_absmax, offset, nested_blocksize)
+
+
+def check_out(out: torch.Tensor, numel: int, device: torch.device) -> None:
+    _require(out.numel() == numel, ValueError, f"out has {out.numel()} elements, expected {numel}")
+    _require(out.is_contiguous(), ValueError, "out must be contiguous")
+    _same_device("out", out, device)
+
+
+# ------------------------------------------------------------------------------------------ quantize
+def check_quantize_args(A: torch.Tensor, blocksize: int, quant_type: str) -> None:
+    _require(A.dtype in FLOAT_DTYPES, TypeError, f"quantize takes {FLOAT_DTYPES} input, got {A.dtype}")
+    _require(blocksize in BLOCKSIZES, ValueError, f"unsupported blocksize {blocksize}; expected one of {BLOCKSIZES}")
+    _require(quant_type in QUANT_TYPES, ValueError, f"unknown quant_type {quant_type!r}; expected one of {QUANT_TYPES}")
+    _require(A.is_contiguous(), ValueError, "the tensor to quantize must be contiguous")
+
+
+@torch.library.custom_op("fastnf4::quantize_4bit", mutates_args=())
+def quantize_4bit(A: torch.Tensor, blocksize: int, quant_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+    check_quantize_args(A, blocksize, quant_type)
+    n = A.numel()
+    packed = torch.empty((n + 1) // 2, dtype=torch.uint8, device=A.device)
+    absmax = torch.empty(-(-n // blocksize), dtype=torch.float32, device=A.device)
+    if n == 0:
+        return packed, absmax
+    if _triton.use_triton(A.device):
+        from .ops.quantize import kernel
+
+        kernel.launch_4bit(A.reshape(-1), packed, absmax, blocksize, quant_type)
+    else:
+        p, a = q_naive.quantize_4bit(A.reshape(-1), blocksize, quant_type)
+        packed.copy_(p)
+        absmax.copy_(a)
+    return packed, absmax
+
+
+@quantize_4bit.register_fake
+def _(A, blocksize, quant_type):
+    check_quantize_args(A, blocksize, quant_type)
+    n = A.numel()
+    return A.new_empty((n + 1) // 2, dtype=torch.uint8), A.new_empty(-(-n // blocksize), dtype=torch.float32)
+
+
+def check_quantize_8bit_args(A: torch.Tensor, offset: torch.Tensor, code: torch.Tensor, blocksize: int) -> None:
+    _require(A.dtype == torch.float32, TypeError, f"8-bit statistics quantization takes float32, got {A.dtype}")
+    _require(A.is_contiguous(), ValueError, "the statistics to quantize must be contiguous")
+    _require(blocksize in BLOCKSIZES, ValueError, f"unsupported nested blocksize {blocksize}")
+    _require(code.dtype == torch.float32 and code.numel() == 256, TypeError, "code must be a float32 table of 256 entries")
+    _require(offset.dtype == torch.float32 and offset.numel() == 1, TypeError, "offset must be a float32 scalar tensor")
+    _same_device("code", code, A.device)
+    _same_device("offset", offset, A.device)
+
+
+@torch.library.custom_op("fastnf4::quantize_8bit", mutates_args=())
+def quantize_8bit(
+    A: torch.Tensor, offset: torch.Tensor, code: torch.Tensor, blocksize: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_quantize_8bit_args(A, offset, code, blocksize)
+    n = A.numel()
+    q = torch.empty(n, dtype=torch.uint8, device=A.device)
+    absmax = torch.empty(-(-n // blocksize), dtype=torch.float32, device=A.device)
+    if n == 0:
+        return q, absmax
+    if _triton.use_triton(A.device):
+        from .ops.quantize import kernel
+
+        kernel.launch_8bit(A.reshape(-1), offset, code, q, absmax, blocksize)
+    else:
+        q_ref, a_ref = q_naive.quantize_8bit(A.reshape(-1), offset, code, blocksize)
+        q.copy_(q_ref)
+        absmax.copy_(a_ref)
+    return q, absmax
+
+
+@quantize_8bit.register_fake
+def _(A, offset, code, blocksize):
+    check_quantize_8bit_args(A, offset, code, blocksize)
+    n = A.numel()
+    return A.new_empty(n, dtype=torch.uint8), A.new_empty(-(-n // blocksize), dtype=torch.float32)

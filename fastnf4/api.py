@@ -1,0 +1,57 @@
+"""The public Python API: ``quantize`` and ``dequantize`` over :class:`~fastnf4.format.NF4Weight`."""
+from __future__ import annotations
+
+import torch
+
+from . import _ops
+from .codebooks import NESTED_BLOCKSIZE, code_4bit, dynamic_map, kernel_code
+from .format import FLOAT_DTYPES, NF4Weight
+
+
+def quantize(
+    w: torch.Tensor, blocksize: int = 64, double_quant: bool = True, quant_type: str = "nf4"
+) -> NF4Weight:
+    """Quantize ``w`` (fp16/bf16/fp32, any shape) blockwise to 4 bits, exactly as bitsandbytes'
+    ``quantize_4bit(w, blocksize, compress_statistics=double_quant, quant_type)`` does on CUDA.
+
+    NaN and Inf behave as in bitsandbytes: NaN elements are ignored by the block absmax and get code 0
+    (-1.0 for NF4); an Inf makes its block's absmax Inf, so every finite element of that block decodes
+    to 0 and the Inf itself to NaN; an all-zero block decodes to -0.0.
+    """
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"quantize takes a torch.Tensor, got {type(w).__name__}")
+    packed, absmax = _ops.quantize_4bit(w, blocksize, quant_type)
+    common = dict(
+        packed=packed.view(-1, 1), code=code_4bit(quant_type, w.device), blocksize=blocksize, shape=w.shape,
+        dtype=w.dtype, quant_type=quant_type,
+    )
+    if not double_quant:
+        return NF4Weight(absmax=absmax, **common)
+    offset = absmax.mean()  # the same torch reduction bitsandbytes uses, so the offset is bit-identical
+    nested_code = dynamic_map(w.device)
+    qabsmax, nested_absmax = _ops.quantize_8bit(absmax, offset, nested_code, NESTED_BLOCKSIZE)
+    return NF4Weight(
+        absmax=qabsmax, nested_absmax=nested_absmax, nested_code=nested_code, offset=offset,
+        nested_blocksize=NESTED_BLOCKSIZE, **common,
+    )
+
+
+def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense weight of ``q`` with shape ``q.shape`` in ``dtype`` (default ``q.dtype``), bit-exact with
+    bitsandbytes' CUDA ``dequantize_4bit``. With ``out``, writes there (its dtype is the output dtype) and
+    returns it viewed with ``q.shape``. Runs on ``q``'s device and the current stream, no host sync."""
+    if not isinstance(q, NF4Weight):
+        raise TypeError(f"dequantize takes an NF4Weight, got {type(q).__name__}")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    code = kernel_code(q.quant_type, q.device)
+    args = (q.packed_u8, q.absmax, code, q.blocksize, q.numel)
+    nested = (q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize)
+    if out is None:
+        return _ops.dequantize_4bit(*args, dtype or q.dtype, *nested).view(q.shape)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if dtype is not None and out.dtype != dtype:
+        raise TypeError(f"out has dtype {out.dtype} but dtype={dtype} was asked for")
+    _ops.dequantize_4bit_out(*args, *nested, out)
+    return out.view(q.shape)

@@ -1,0 +1,68 @@
+"""``fastnf4 bench dequant``: dequantize throughput against the copy bandwidth and bitsandbytes."""
+from __future__ import annotations
+
+import torch
+
+import fastnf4
+from fastnf4.bench.common import bnb_functional, clone_weight, make_weight
+from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_cuda
+from fastnf4.bench.registry import register
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+@register("dequant")
+def run(opts) -> dict:
+    F = bnb_functional()
+    copy = copy_bandwidth()
+    shapes = model_shapes()
+    if opts.models:
+        shapes = [s for s in shapes if s[0] in opts.models]
+    configs = [(s, dt, nested) for s in shapes for dt in (torch.bfloat16, torch.float16) for nested in (False, True)]
+    rows = []
+    for (model, layer, n, k), dtype, nested in progress(configs, desc="dequant"):
+        q, bnb = make_weight(n, k, nested, opts.blocksize, seed=len(rows))
+        moved = q.nbytes() + q.numel * torch.finfo(dtype).bits // 8
+        reps = rotation_count(moved)
+        qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
+        outs = [torch.empty(q.shape, dtype=dtype, device="cuda") for _ in range(reps)]
+
+        # correctness first, on poisoned outputs: bit-exact against bitsandbytes (or the reference)
+        outs[0].fill_(float("nan"))
+        fastnf4.dequantize(q, dtype=dtype, out=outs[0])
+        if bnb is not None:
+            packed, state = bnb
+            state.dtype = dtype  # bitsandbytes dequantizes to the dtype recorded in its state
+            expect = F.dequantize_4bit(packed, state)
+        else:
+            from fastnf4.ops.dequantize import naive
+
+            expect = naive.dequantize(q.packed_u8, q.absmax, fastnf4.codebooks.kernel_code("nf4", q.device),
+                                      q.blocksize, q.numel, dtype, q.nested_code, q.nested_absmax, q.offset)
+        exact = bool(torch.equal(_bits(outs[0]).reshape(-1), _bits(expect).reshape(-1)))
+
+        t_f = time_cuda([lambda i=i: fastnf4.dequantize(qs[i], dtype=dtype, out=outs[i]) for i in range(reps)])
+        row = dict(op="dequant", model=model, layer=layer, N=n, K=k, dtype=str(dtype).removeprefix("torch."),
+                   nested=nested, blocksize=opts.blocksize, bytes=moved, exact=exact,
+                   fastnf4_us=t_f["median_us"], fastnf4_p20_us=t_f["p20_us"], fastnf4_p80_us=t_f["p80_us"])
+        row["fastnf4_GBps"] = moved / t_f["median_us"] / 1e3
+        row["fastnf4_pct_copy"] = 100 * row["fastnf4_GBps"] / copy["GBps"]
+        if bnb is not None:
+            bnbs = [bnb] + [(w.packed, w.to_bnb()[1]) for w in qs[1:]]
+            for _, st in bnbs:
+                st.dtype = dtype
+            t_b = time_cuda([lambda i=i: F.dequantize_4bit(bnbs[i][0], bnbs[i][1], out=outs[i]) for i in range(reps)])
+            row.update(bnb_us=t_b["median_us"], bnb_p20_us=t_b["p20_us"], bnb_p80_us=t_b["p80_us"])
+            row["bnb_GBps"] = moved / t_b["median_us"] / 1e3
+            row["bnb_pct_copy"] = 100 * row["bnb_GBps"] / copy["GBps"]
+            row["speedup_vs_bnb"] = t_b["median_us"] / t_f["median_us"]
+        rows.append(row)
+        del qs, outs, bnb
+        torch.cuda.empty_cache()
+    cols = [("model", "{}"), ("layer", "{}"), ("N", "{}"), ("K", "{}"), ("dtype", "{}"), ("nested", "{}"),
+            ("bytes", "{:.3g}"), ("exact", "{}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_copy", "{:.1f}"),
+            ("bnb_us", "{:.1f}"), ("bnb_pct_copy", "{:.1f}"), ("speedup_vs_bnb", "{:.2f}")]
+    table = f"copy bandwidth: {copy['GBps']:.0f} GB/s (read+write, 2 GiB)\n" + format_table(rows, cols)
+    return {"copy": copy, "rows": rows, "table": table}

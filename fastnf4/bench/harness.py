@@ -1,0 +1,126 @@
+"""Timing and environment helpers shared by every benchmark.
+
+Timing method (``time_cuda``): CUDA events around each call, the median over calls; the GPU is first given
+a sleep so that the host queues every call ahead of it (host launch overhead stays out of the events);
+calls rotate over several input/output sets so that the working set exceeds the L2 cache.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+from typing import Callable, Sequence
+
+import torch
+
+L2_BYTES = 60 * 2**20  # H100/H200; the rotation below aims at several times this
+
+
+def rotation_count(bytes_per_call: int, min_working_set: int = 4 * L2_BYTES, cap: int = 32) -> int:
+    return max(1, min(cap, math.ceil(min_working_set / max(bytes_per_call, 1))))
+
+
+def time_cuda(calls: Sequence[Callable[[], object]], iters: int = 60, warmup: int = 5) -> dict:
+    """Median / p20 / p80 microseconds of one call, rotating over ``calls``."""
+    for i in range(warmup):
+        calls[i % len(calls)]()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    torch.cuda._sleep(int(2e6 + iters * 1e5))  # keep the GPU busy while the host enqueues every call
+    for i in range(iters):
+        starts[i].record()
+        calls[i % len(calls)]()
+        ends[i].record()
+    torch.cuda.synchronize()
+    us = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    q = statistics.quantiles(us, n=10)
+    return {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7]}
+
+
+def copy_bandwidth(nbytes: int = 2 * 2**30) -> dict:
+    """Device-to-device copy of ``nbytes``: GB/s counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    t = time_cuda([lambda: dst.copy_(src)], iters=20, warmup=3)
+    return {"bytes": 2 * nbytes, "GBps": 2 * nbytes / t["median_us"] / 1e3, **t}
+
+
+def _git_commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment() -> dict:
+    import fastnf4
+
+    env = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0,
+        "torch": torch.__version__, "fastnf4": fastnf4.__version__, "commit": _git_commit(),
+        "python": platform.python_version(),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    env["bitsandbytes"] = bnb_version()
+    return env
+
+
+def bnb_version() -> str | None:
+    try:
+        import bitsandbytes
+
+        return bitsandbytes.__version__
+    except Exception:  # noqa: BLE001 - any failure to import means "not usable here"
+        return None
+
+
+def progress(iterable, total: int | None = None, desc: str = ""):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+
+def write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+
+
+def model_shapes() -> list[tuple[str, str, int, int]]:
+    """(model, layer, N, K) for every distinct linear and fused-linear shape of the three models."""
+    with open(os.path.join(os.path.dirname(__file__), "models.json")) as f:
+        models = json.load(f)
+    rows = []
+    for model, cfg in models.items():
+        if model.startswith("_"):
+            continue
+        seen: dict[tuple[int, int], list[str]] = {}
+        for group in ("linear", "fused"):
+            for layer, (n, k) in cfg[group].items():
+                seen.setdefault((n, k), []).append(layer.removesuffix("_proj"))
+        rows += [(model, "+".join(names), n, k) for (n, k), names in seen.items()]
+    return rows
+
+
+def format_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
+    """Plain-text table; ``cols`` is (key, format) pairs."""
+    cells = [[(fmt.format(r[k]) if r.get(k) is not None else "-") for k, fmt in cols] for r in rows]
+    heads = [k for k, _ in cols]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(heads), line(["-" * w for w in widths]), *(line(c) for c in cells)])

@@ -1,0 +1,61 @@
+"""``fastnf4 bench quantize``: blockwise NF4 quantization (with and without double quantization) against
+bitsandbytes' ``quantize_4bit``, both from the same random fp16/bf16 weights."""
+from __future__ import annotations
+
+import torch
+
+import fastnf4
+from fastnf4.bench.common import bnb_functional
+from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_cuda
+from fastnf4.bench.registry import register
+
+
+def same_as_bnb(q: fastnf4.NF4Weight, packed: torch.Tensor, qs) -> bool:
+    """Packed bytes and every statistic bit-identical to bitsandbytes' result."""
+    ok = torch.equal(q.packed_u8, packed.reshape(-1).view(torch.uint8)) and torch.equal(q.absmax, qs.absmax)
+    if qs.nested:
+        ok = ok and q.nested and torch.equal(q.nested_absmax, qs.state2.absmax)
+        ok = ok and torch.equal(q.offset.reshape(()), qs.offset.reshape(())) and torch.equal(q.nested_code, qs.state2.code)
+    return bool(ok)
+
+
+@register("quantize")
+def run(opts) -> dict:
+    F = bnb_functional()
+    copy = copy_bandwidth()
+    shapes = model_shapes()
+    if opts.models:
+        shapes = [s for s in shapes if s[0] in opts.models]
+    configs = [(s, dt, nested) for s in shapes for dt in (torch.bfloat16, torch.float16) for nested in (False, True)]
+    rows = []
+    for (model, layer, n, k), dtype, nested in progress(configs, desc="quantize"):
+        g = torch.Generator(device="cuda").manual_seed(len(rows))
+        w = torch.randn(n, k, dtype=dtype, device="cuda", generator=g)
+        q = fastnf4.quantize(w, blocksize=opts.blocksize, double_quant=nested)
+        moved = w.numel() * w.element_size() + q.nbytes()
+        reps = rotation_count(moved)
+        ws = [w] + [w.clone() for _ in range(reps - 1)]
+        row = dict(op="quantize", model=model, layer=layer, N=n, K=k, dtype=str(dtype).removeprefix("torch."),
+                   nested=nested, blocksize=opts.blocksize, bytes=moved)
+        if F is not None:
+            packed, qs = F.quantize_4bit(w, blocksize=opts.blocksize, compress_statistics=nested, quant_type="nf4")
+            row["exact"] = same_as_bnb(q, packed, qs)
+        t_f = time_cuda([lambda i=i: fastnf4.quantize(ws[i], blocksize=opts.blocksize, double_quant=nested)
+                         for i in range(reps)], iters=30)
+        row.update(fastnf4_us=t_f["median_us"], fastnf4_p20_us=t_f["p20_us"], fastnf4_p80_us=t_f["p80_us"])
+        row["fastnf4_GBps"] = moved / t_f["median_us"] / 1e3
+        row["fastnf4_pct_copy"] = 100 * row["fastnf4_GBps"] / copy["GBps"]
+        if F is not None:
+            t_b = time_cuda([lambda i=i: F.quantize_4bit(ws[i], blocksize=opts.blocksize, compress_statistics=nested,
+                                                         quant_type="nf4") for i in range(reps)], iters=30)
+            row.update(bnb_us=t_b["median_us"], bnb_p20_us=t_b["p20_us"], bnb_p80_us=t_b["p80_us"])
+            row["bnb_GBps"] = moved / t_b["median_us"] / 1e3
+            row["speedup_vs_bnb"] = t_b["median_us"] / t_f["median_us"]
+        rows.append(row)
+        del ws, w, q
+        torch.cuda.empty_cache()
+    cols = [("model", "{}"), ("layer", "{}"), ("N", "{}"), ("K", "{}"), ("dtype", "{}"), ("nested", "{}"),
+            ("exact", "{}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_copy", "{:.1f}"), ("bnb_us", "{:.1f}"),
+            ("speedup_vs_bnb", "{:.2f}")]
+    table = f"copy bandwidth: {copy['GBps']:.0f} GB/s (read+write, 2 GiB)\n" + format_table(rows, cols)
+    return {"copy": copy, "rows": rows, "table": table}

@@ -1,0 +1,48 @@
+"""``fastnf4`` console script (also ``python -m fastnf4``)."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fastnf4", description="fastnf4: fast NF4 kernels, bitsandbytes-compatible")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command")
+    bench = sub.add_parser("bench", help="run a benchmark on the current CUDA GPU")
+    bench.add_argument("name", choices=["dequant", "quantize"], help="which benchmark")
+    bench.add_argument("--models", nargs="*", default=None,
+                       help="restrict to these models (llama-3.3-70b, qwen3-32b, gemma-3-27b)")
+    bench.add_argument("--blocksize", type=int, default=64)
+    bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")
+    opts = parser.parse_args(argv)
+    if opts.version:
+        import fastnf4
+
+        print(fastnf4.__version__)
+        return 0
+    if opts.command != "bench":
+        parser.print_help()
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fastnf4 bench needs a CUDA GPU; none is visible here.", file=sys.stderr)
+        return 2
+    from fastnf4.bench.harness import environment, write_json
+    from fastnf4.bench.registry import BENCHMARKS, load_all
+
+    load_all()
+    env = environment()
+    result = BENCHMARKS[opts.name](opts)
+    gpu = env["gpu"].lower().replace("nvidia ", "").replace(" ", "-")
+    path = opts.json or os.path.join("benchmarks", "results", f"{gpu}-{opts.name}.json")
+    payload = {"benchmark": opts.name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "env": env, "copy": result.get("copy"), "rows": result["rows"]}
+    write_json(path, payload)
+    print(result["table"])
+    print(f"\nwrote {path}")
+    return 0

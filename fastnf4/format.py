@@ -1,0 +1,283 @@
+"""``NF4Weight``: one 4-bit quantized weight in the exact layout bitsandbytes uses.
+
+Layout (bitsandbytes ``quantize_4bit``, the format of every bnb-4bit checkpoint):
+
+* the weight of ``shape`` is flattened row-major to ``numel`` elements;
+* byte ``i`` of ``packed`` holds element ``2i`` in its high nibble and ``2i + 1`` in its low nibble
+  (``ceil(numel / 2)`` bytes; an odd tail leaves the last low nibble as padding);
+* ``value = code[nibble] * absmax[i // blocksize]`` in float32, rounded once to ``dtype``;
+* with double quantization ("nested"), ``absmax`` holds uint8 codes and
+  ``absmax_f32[j] = nested_code[absmax[j]] * nested_absmax[j // nested_blocksize] + offset``
+  (a float32 product, then a float32 sum: two roundings, no fused multiply-add).
+
+Checkpoint keys (what transformers writes for a bnb-4bit ``Linear4bit``; ``prefix`` is the module path):
+``weight``, ``weight.absmax``, ``weight.quant_map``, ``weight.nested_absmax``, ``weight.nested_quant_map``
+and ``weight.quant_state.bitsandbytes__<quant_type>``, a uint8 tensor holding JSON of the non-tensor fields.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_NAME_BY_DTYPE = {v: k for k, v in _DTYPE_BY_NAME.items()}
+
+
+def _dtype_from_name(name: Any, what: str) -> torch.dtype:
+    key = str(name).removeprefix("torch.")
+    if key not in _DTYPE_BY_NAME:
+        raise ValueError(f"{what}: unsupported dtype {name!r}; expected one of {sorted(_DTYPE_BY_NAME)}")
+    return _DTYPE_BY_NAME[key]
+
+
+def _check_tensor(t: Any, name: str, dtype: torch.dtype, numel: int | None, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the packed weight is on {device}")
+    if numel is not None and t.numel() != numel:
+        raise ValueError(f"{name} has {t.numel()} elements, expected {numel}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+@dataclass(eq=False)
+class NF4Weight:
+    """A 4-bit (NF4 or FP4) quantized weight, bit-compatible with bitsandbytes.
+
+    Build one with :func:`fastnf4.quantize`, :meth:`from_bnb` or :meth:`from_state_dict`; turn it back
+    into a dense tensor with :func:`fastnf4.dequantize`.
+    """
+
+    packed: torch.Tensor  # uint8 [ceil(numel/2), 1] (or another quant_storage dtype viewing the same bytes)
+    absmax: torch.Tensor  # float32 [nblocks]; uint8 [nblocks] when nested
+    code: torch.Tensor  # float32 [16] ("quant_map")
+    blocksize: int
+    shape: torch.Size
+    dtype: torch.dtype
+    quant_type: str = "nf4"
+    nested_absmax: torch.Tensor | None = None  # float32 [ceil(nblocks / nested_blocksize)]
+    nested_code: torch.Tensor | None = None  # float32 [256] ("nested_quant_map")
+    offset: torch.Tensor | None = None  # float32 0-dim, added after decoding the nested absmax
+    nested_blocksize: int = NESTED_BLOCKSIZE
+
+    def __post_init__(self) -> None:
+        self.shape = torch.Size(self.shape)
+        self.validate()
+
+    # ----------------------------------------------------------------------------------- properties
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.numel // self.blocksize)
+
+    @property
+    def nested(self) -> bool:
+        return self.nested_absmax is not None
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def packed_u8(self) -> torch.Tensor:
+        """The packed bytes as a flat uint8 tensor (a view, whatever ``quant_storage`` was)."""
+        return self.packed.reshape(-1).view(torch.uint8)
+
+    def validate(self) -> None:
+        """Raise ``ValueError``/``TypeError`` naming the first inconsistency; never returns partial state."""
+        if self.quant_type not in QUANT_TYPES:
+            raise ValueError(f"unknown quant_type {self.quant_type!r}; expected one of {QUANT_TYPES}")
+        if isinstance(self.blocksize, bool) or not isinstance(self.blocksize, int):
+            raise TypeError(f"blocksize must be an int, got {type(self.blocksize).__name__}")
+        if self.blocksize not in BLOCKSIZES:
+            raise ValueError(f"unsupported blocksize {self.blocksize}; expected one of {BLOCKSIZES}")
+        if self.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {self.dtype}")
+        if any(int(s) < 0 for s in self.shape):
+            raise ValueError(f"shape {tuple(self.shape)} has a negative dimension")
+        if not isinstance(self.packed, torch.Tensor):
+            raise TypeError(f"packed must be a torch.Tensor, got {type(self.packed).__name__}")
+        if self.packed.is_floating_point() and self.packed.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"packed has unsupported storage dtype {self.packed.dtype}")
+        if not self.packed.is_contiguous():
+            raise ValueError("packed must be contiguous")
+        n_bytes = self.packed.numel() * self.packed.element_size()
+        if n_bytes != (self.numel + 1) // 2:
+            raise ValueError(
+                f"packed holds {n_bytes} bytes but shape {tuple(self.shape)} needs {(self.numel + 1) // 2}"
+                f" ({self.numel} 4-bit values)"
+            )
+        dev = self.packed.device
+        _check_tensor(self.code, "code (quant_map)", torch.float32, 16, dev)
+        absmax_dtype = torch.uint8 if self.nested else torch.float32
+        _check_tensor(self.absmax, "absmax", absmax_dtype, self.nblocks, dev)
+        parts = (self.nested_absmax, self.nested_code, self.offset)
+        if any(p is None for p in parts) and any(p is not None for p in parts):
+            raise ValueError("double quantization needs nested_absmax, nested_code and offset together")
+        if self.nested:
+            if self.nested_blocksize not in BLOCKSIZES:
+                raise ValueError(f"unsupported nested_blocksize {self.nested_blocksize}")
+            n2 = -(-self.nblocks // self.nested_blocksize)
+            _check_tensor(self.nested_absmax, "nested_absmax", torch.float32, n2, dev)
+            _check_tensor(self.nested_code, "nested_code (nested_quant_map)", torch.float32, 256, dev)
+            _check_tensor(self.offset, "offset", torch.float32, 1, dev)
+
+    def to(self, device: torch.device | str) -> "NF4Weight":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return NF4Weight(
+            packed=move(self.packed), absmax=move(self.absmax), code=move(self.code), blocksize=self.blocksize,
+            shape=self.shape, dtype=self.dtype, quant_type=self.quant_type,
+            nested_absmax=move(self.nested_absmax), nested_code=move(self.nested_code),
+            offset=move(self.offset), nested_blocksize=self.nested_blocksize,
+        )
+
+    def nbytes(self) -> int:
+        """Bytes of packed data plus statistics (what a kernel must read to use this weight)."""
+        tensors = (self.packed, self.absmax, self.code, self.nested_absmax, self.nested_code, self.offset)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def __repr__(self) -> str:
+        nested = f", nested(blocksize={self.nested_blocksize})" if self.nested else ""
+        return (
+            f"NF4Weight(shape={tuple(self.shape)}, dtype={self.dtype}, quant_type={self.quant_type!r}, "
+            f"blocksize={self.blocksize}{nested}, device={self.device})"
+        )
+
+    # ------------------------------------------------------------------------------ bitsandbytes
+    @classmethod
+    def from_bnb(cls, packed: torch.Tensor, quant_state: Any) -> "NF4Weight":
+        """Wrap bitsandbytes' ``(packed, QuantState)`` without copying any tensor."""
+        qs = quant_state
+        nested = bool(getattr(qs, "nested", False))
+        return cls(
+            packed=packed, absmax=qs.absmax, code=qs.code, blocksize=int(qs.blocksize),
+            shape=torch.Size(qs.shape), dtype=qs.dtype, quant_type=qs.quant_type,
+            nested_absmax=qs.state2.absmax if nested else None,
+            nested_code=qs.state2.code if nested else None,
+            offset=_as_offset(qs.offset, packed.device) if nested else None,
+            nested_blocksize=int(qs.state2.blocksize) if nested else NESTED_BLOCKSIZE,
+        )
+
+    def to_bnb(self) -> tuple[torch.Tensor, Any]:
+        """``(packed, bitsandbytes.functional.QuantState)`` sharing this weight's tensors."""
+        try:
+            from bitsandbytes.functional import QuantState
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("NF4Weight.to_bnb needs bitsandbytes installed") from e
+        state2 = None
+        if self.nested:
+            state2 = QuantState(
+                absmax=self.nested_absmax, code=self.nested_code, blocksize=self.nested_blocksize,
+                dtype=torch.float32,
+            )
+        qs = QuantState(
+            absmax=self.absmax, shape=self.shape, code=self.code, blocksize=self.blocksize,
+            quant_type=self.quant_type, dtype=self.dtype, offset=self.offset, state2=state2,
+        )
+        return self.packed, qs
+
+    # ------------------------------------------------------------------------------- state dicts
+    def _json_fields(self) -> dict[str, Any]:
+        # Same fields, order and spelling as bitsandbytes' QuantState.as_dict(packed=True), so the
+        # JSON bytes of a checkpoint we write are identical to the ones bitsandbytes writes.
+        fields: dict[str, Any] = {
+            "quant_type": self.quant_type,
+            "blocksize": self.blocksize,
+            "dtype": _NAME_BY_DTYPE[self.dtype],
+            "shape": list(self.shape),
+        }
+        if self.nested:
+            fields.update(
+                nested_blocksize=self.nested_blocksize,
+                nested_dtype="float32",
+                nested_offset=float(self.offset.item()),
+            )
+        return fields
+
+    def state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """Tensors under the key names transformers uses for a bnb-4bit ``Linear4bit`` at ``prefix``."""
+        sd = {
+            f"{prefix}weight": self.packed,
+            f"{prefix}weight.absmax": self.absmax,
+            f"{prefix}weight.quant_map": self.code,
+        }
+        if self.nested:
+            sd[f"{prefix}weight.nested_absmax"] = self.nested_absmax
+            sd[f"{prefix}weight.nested_quant_map"] = self.nested_code
+        blob = json.dumps(self._json_fields()).encode("utf-8")
+        sd[f"{prefix}weight.quant_state.bitsandbytes__{self.quant_type}"] = torch.tensor(
+            list(blob), dtype=torch.uint8
+        )
+        return sd
+
+    @classmethod
+    def from_state_dict(
+        cls, sd: Mapping[str, torch.Tensor], prefix: str = "", device: torch.device | str | None = None
+    ) -> "NF4Weight":
+        """Read the tensors :meth:`state_dict` (or transformers + bitsandbytes) wrote at ``prefix``."""
+        key = f"{prefix}weight"
+        if key not in sd:
+            raise KeyError(f"no {key!r} in the state dict")
+        qs_keys = [k for k in sd if k.startswith(f"{key}.quant_state.bitsandbytes__")]
+        if len(qs_keys) != 1:
+            raise ValueError(f"expected exactly one '{key}.quant_state.bitsandbytes__<type>' entry, found {qs_keys}")
+        blob = sd[qs_keys[0]]
+        if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8:
+            raise TypeError(f"{qs_keys[0]} must be a uint8 tensor holding JSON")
+        try:
+            fields = json.loads(bytes(blob.cpu().reshape(-1).tolist()).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{qs_keys[0]} does not hold valid JSON: {e}") from e
+        if not isinstance(fields, dict):
+            raise ValueError(f"{qs_keys[0]} must hold a JSON object")
+        quant_type = fields.get("quant_type")
+        if qs_keys[0].rsplit("__", 1)[1] != quant_type:
+            raise ValueError(f"{qs_keys[0]} names a different quant_type than its JSON ({quant_type!r})")
+        for f in ("blocksize", "dtype", "shape"):
+            if f not in fields:
+                raise ValueError(f"{qs_keys[0]} lacks the field {f!r}")
+        shape = fields["shape"]
+        if not isinstance(shape, list) or not all(isinstance(s, int) for s in shape):
+            raise ValueError(f"shape must be a list of ints, got {shape!r}")
+
+        def get(name: str) -> torch.Tensor:
+            full = f"{key}.{name}"
+            if full not in sd:
+                raise KeyError(f"no {full!r} in the state dict")
+            t = sd[full]
+            return t if device is None else t.to(device)
+
+        packed = sd[key] if device is None else sd[key].to(device)
+        nested = f"{key}.nested_absmax" in sd
+        offset = None
+        if nested:
+            if fields.get("nested_dtype", "float32") != "float32":
+                raise ValueError(f"nested_dtype {fields.get('nested_dtype')!r} is not supported (float32 only)")
+            offset = torch.tensor(float(fields["nested_offset"]), dtype=torch.float32, device=packed.device)
+        return cls(
+            packed=packed.contiguous(), absmax=get("absmax").contiguous(), code=get("quant_map").contiguous(),
+            blocksize=fields["blocksize"], shape=torch.Size(shape),
+            dtype=_dtype_from_name(fields["dtype"], qs_keys[0]), quant_type=quant_type,
+            nested_absmax=get("nested_absmax").contiguous() if nested else None,
+            nested_code=get("nested_quant_map").contiguous() if nested else None,
+            offset=offset, nested_blocksize=int(fields.get("nested_blocksize", NESTED_BLOCKSIZE)) if nested else NESTED_BLOCKSIZE,
+        )
+
+
+def _as_offset(offset: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(offset, torch.Tensor):
+        return offset.to(device=device, dtype=torch.float32).reshape(())
+    return torch.tensor(float(offset), dtype=torch.float32, device=device)

@@ -1,0 +1,95 @@
+"""Triton kernel: packed 4-bit codes + (optionally double-quantized) absmax -> fp16 / bf16 / fp32.
+
+Shape contract: ``packed`` is ``n_bytes = ceil(numel / 2)`` uint8, ``absmax`` has ``ceil(numel / BLOCKSIZE)``
+entries (float32, or uint8 codes when NESTED), ``out`` is ``numel`` contiguous elements.
+
+Tiling: a program owns ``ROWS x COLS`` consecutive packed bytes, viewed as ROWS rows of COLS bytes; COLS
+divides ``BLOCKSIZE // 2`` so each row needs exactly one absmax, read once per row (not per element).
+Double-quant statistics are decoded in the same launch (bitsandbytes needs a second kernel): a uint8
+code, a 256-entry table lookup, one product and one sum; the launch passes ``enable_fp_fusion=False`` so
+that product and sum round separately, as bitsandbytes' two steps do.
+
+Rounding: ``code * absmax`` in float32, then one round-to-nearest-even to the output dtype. Triton's CPU
+interpreter does not round float32 -> bf16 to nearest even, so under the interpreter (``MANUAL_BF16``)
+the rounding is done with integer arithmetic instead; on GPUs the hardware conversion is used.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_to_bf16(x):
+    # round-to-nearest-even on the bit pattern, NaN kept NaN (quiet)
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(x != x, 0x7FC0, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def dequantize_4bit_kernel(
+    p_packed, p_absmax, p_code, p_out,
+    p_ncode, p_nabsmax, p_offset,
+    n_bytes, numel, n_blocks,
+    BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr,
+    ROWS: tl.constexpr, COLS: tl.constexpr, INT64: tl.constexpr, MANUAL_BF16: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
+    o_row = pid * (ROWS * COLS) + tl.arange(0, ROWS) * COLS  # first byte of each row
+    o_bytes = o_row[:, None] + tl.arange(0, COLS)[None, :]
+    b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0)
+
+    o_blk = o_row // (BLOCKSIZE // 2)
+    m_blk = o_blk < n_blocks
+    if NESTED:
+        b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
+        b_scale2 = tl.load(p_nabsmax + o_blk // NESTED_BLOCKSIZE, mask=m_blk, other=0.0)
+        b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
+    else:
+        b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
+
+    b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
+    b_lo = tl.load(p_code + (b_packed & 15).to(tl.int32)) * b_absmax[:, None]
+    b_val = tl.join(b_hi, b_lo)  # [ROWS, COLS, 2]: element 2i (high nibble) then 2i+1 (low nibble)
+
+    o_out = 2 * o_bytes[:, :, None] + tl.arange(0, 2)[None, None, :]
+    out_ty = p_out.dtype.element_ty
+    if MANUAL_BF16 and out_ty == tl.bfloat16:
+        b_cast = _round_to_bf16(b_val)
+    else:
+        b_cast = b_val.to(out_ty)
+    tl.store(p_out + o_out, b_cast, mask=o_out < numel)
+
+
+# Tile per blocksize: (bytes per program, num_warps). Chosen on the H200 (benchmarks/results, NOTES.md).
+TILE_BYTES = 4096
+NUM_WARPS = 4
+
+
+def launch(
+    packed_u8, absmax, code, out, blocksize, numel,
+    nested_code=None, nested_absmax=None, offset=None, nested_blocksize=256,
+    tile_bytes: int | None = None, num_warps: int | None = None, manual_bf16: bool = False,
+):
+    """Fill the flat ``out`` (``numel`` elements) on the current stream. Arguments are pre-validated."""
+    n_bytes = (numel + 1) // 2
+    if numel == 0:
+        return out
+    tile = tile_bytes or TILE_BYTES
+    cols = min(blocksize // 2, tile, 128)
+    rows = max(tile // cols, 1)
+    grid = (triton.cdiv(n_bytes, rows * cols),)
+    nested = nested_code is not None
+    dequantize_4bit_kernel[grid](
+        packed_u8, absmax, code, out,
+        nested_code if nested else code, nested_absmax if nested else absmax, offset if nested else code,
+        n_bytes, numel, absmax.numel(),
+        BLOCKSIZE=blocksize, NESTED=nested, NESTED_BLOCKSIZE=nested_blocksize,
+        ROWS=rows, COLS=cols, INT64=(grid[0] * rows * cols * 2 >= 2**31), MANUAL_BF16=manual_bf16,
+        num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False,
+    )
+    return out

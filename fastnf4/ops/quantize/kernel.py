@@ -1,0 +1,180 @@
+"""Triton kernels: blockwise 4-bit quantization (NF4/FP4) and the 8-bit quantization of the statistics.
+
+Shape contract (flat, contiguous): ``x`` has ``n`` elements; 4-bit writes ``ceil(n/2)`` packed bytes (element
+2i in the high nibble) and ``ceil(n/BLOCKSIZE)`` float32 absmax; 8-bit writes ``n`` uint8 codes of
+``x - offset`` and ``ceil(n/BLOCKSIZE)`` float32 absmax.
+
+Tiling: a program owns ROWS whole quantization blocks ([ROWS, BLOCKSIZE] elements), so the absmax reduction
+stays inside the program. The arithmetic mirrors bitsandbytes' fast-math CUDA kernels (see ``naive.py``):
+flush subnormals, NaN-ignoring max, ``rcp.approx.ftz.f32`` reciprocal (inline PTX on GPUs; an IEEE division
+under the CPU interpreter, which cannot run PTX), multiply, then the decision tree as a count of thresholds.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+@triton.jit
+def _ftz(x):
+    return tl.where(tl.abs(x) < 1.1754943508222875e-38, 0.0, x)
+
+
+@triton.jit
+def _reciprocal(a, APPROX: tl.constexpr):
+    if APPROX:
+        r = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        r = _ftz(1.0 / _ftz(a))
+    return r
+
+
+@triton.jit
+def _block_absmax(xb):
+    # fmaxf seeded with -FLT_MAX: NaN never wins; a block of only NaN gives -FLT_MAX
+    a = tl.abs(xb)
+    a = tl.where(a != a, -3.4028234663852886e38, a)
+    return tl.max(a, axis=1)
+
+
+@triton.jit
+def _nf4_code(xn):
+    # thresholds: fastnf4.codebooks.NF4_THRESHOLDS (float32 values of bitsandbytes' compiled literals)
+    code = (xn > -0.8480964303016663).to(tl.int32)
+    code += (xn > -0.6106328964233398).to(tl.int32)
+    code += (xn > -0.4599952697753906).to(tl.int32)
+    code += (xn > -0.33967941999435425).to(tl.int32)
+    code += (xn > -0.23460739850997925).to(tl.int32)
+    code += (xn > -0.13791173696517944).to(tl.int32)
+    code += (xn > -0.045525018125772476).to(tl.int32)
+    code += (xn > 0.03979014977812767).to(tl.int32)
+    code += (xn > 0.1202552542090416).to(tl.int32)
+    code += (xn > 0.2035212516784668).to(tl.int32)
+    code += (xn > 0.2920137643814087).to(tl.int32)
+    code += (xn > 0.3893125355243683).to(tl.int32)
+    code += (xn > 0.5016633868217468).to(tl.int32)
+    code += (xn > 0.6427869200706482).to(tl.int32)
+    code += (xn > 0.8614783883094788).to(tl.int32)
+    return code
+
+
+@triton.jit
+def _fp4_code(xn):
+    # thresholds: fastnf4.codebooks.FP4_THRESHOLDS; magnitude bits [0,1,6,7,4,5,2,3][rank] = rank ^ ((rank & 2) << 1)
+    a = tl.abs(xn)
+    rank = (a > 0.0026041700039058924).to(tl.int32)
+    rank += (a > 0.0859375).to(tl.int32)
+    rank += (a > 0.2083333283662796).to(tl.int32)
+    rank += (a > 0.2916666567325592).to(tl.int32)
+    rank += (a > 0.4166666865348816).to(tl.int32)
+    rank += (a > 0.5833330154418945).to(tl.int32)
+    rank += (a > 0.8333333134651184).to(tl.int32)
+    return (rank ^ ((rank & 2) << 1)) + 8 * (xn < 0).to(tl.int32)
+
+
+@triton.jit
+def quantize_4bit_kernel(
+    p_x, p_packed, p_absmax, n, n_bytes, n_blocks,
+    BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, FP4: tl.constexpr, INT64: tl.constexpr, APPROX_RCP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
+    o_blk = pid * ROWS + tl.arange(0, ROWS)
+    o_x = o_blk[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
+    b_x = _ftz(tl.load(p_x + o_x, mask=o_x < n, other=0.0).to(tl.float32))  # past the end: 0.0, as bnb
+    b_absmax = _block_absmax(b_x)
+    tl.store(p_absmax + o_blk, b_absmax, mask=o_blk < n_blocks)
+
+    b_xn = _ftz(b_x * _reciprocal(b_absmax, APPROX_RCP)[:, None])
+    if FP4:
+        b_code = _fp4_code(b_xn)
+    else:
+        b_code = _nf4_code(b_xn)
+    b_hi, b_lo = tl.split(tl.reshape(b_code, (ROWS, BLOCKSIZE // 2, 2)))
+    b_byte = ((b_hi << 4) | b_lo).to(tl.uint8)
+    o_byte = o_blk[:, None] * (BLOCKSIZE // 2) + tl.arange(0, BLOCKSIZE // 2)[None, :]
+    tl.store(p_packed + o_byte, b_byte, mask=o_byte < n_bytes)
+
+
+@triton.jit
+def quantize_8bit_kernel(
+    p_x, p_offset, p_code, p_q, p_absmax, n, n_blocks,
+    BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr, APPROX_RCP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
+    o_blk = pid * ROWS + tl.arange(0, ROWS)
+    o_x = o_blk[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
+    m_x = o_x < n
+    b_x = tl.load(p_x + o_x, mask=m_x, other=0.0) - tl.load(p_offset)
+    b_x = _ftz(tl.where(m_x, b_x, 0.0))
+    b_absmax = _block_absmax(b_x)
+    tl.store(p_absmax + o_blk, b_absmax, mask=o_blk < n_blocks)
+    b_xn = _ftz(b_x * _reciprocal(b_absmax, APPROX_RCP)[:, None])
+
+    # bitsandbytes' dQuantize<0>: 7 halving steps from pivot 127, then the nearer of two neighbours
+    pivot = tl.full(b_xn.shape, 127, tl.int32)
+    lower_p = tl.zeros(b_xn.shape, tl.int32)
+    upper_p = tl.full(b_xn.shape, 255, tl.int32)
+    lower = tl.full(b_xn.shape, -1.0, tl.float32)
+    upper = tl.full(b_xn.shape, 1.0, tl.float32)
+    val = tl.load(p_code + pivot)
+    step = 64
+    for _ in tl.static_range(7):
+        gt = b_xn > val
+        lower_p = tl.where(gt, pivot, lower_p)
+        lower = tl.where(gt, val, lower)
+        upper_p = tl.where(gt, upper_p, pivot)
+        upper = tl.where(gt, upper, val)
+        pivot = tl.where(gt, pivot + step, pivot - step)
+        val = tl.load(p_code + pivot)
+        step = step // 2
+    upper = tl.where(upper_p == 255, tl.load(p_code + 255), upper)
+    lower = tl.where(lower_p == 0, tl.load(p_code), lower)
+    mid_up = _ftz(_ftz(upper + val) * 0.5)
+    mid_low = _ftz(_ftz(lower + val) * 0.5)
+    up = tl.where(b_xn > mid_up, upper_p, pivot)
+    down = tl.where(b_xn < mid_low, lower_p, pivot)
+    b_q = tl.where(b_xn > val, up, down)
+    tl.store(p_q + o_x, b_q.to(tl.uint8), mask=m_x)
+
+
+# rows of quantization blocks per program: about 2048 elements per program
+def _rows(blocksize: int, target: int = 2048) -> int:
+    return max(target // blocksize, 1)
+
+
+def _num_warps(tile: int) -> int:
+    return 8 if tile >= 4096 else 4
+
+
+def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems_per_prog=2048):
+    from ..._triton import interpreter_enabled
+
+    n = x.numel()
+    rows = _rows(blocksize, elems_per_prog)
+    n_blocks = absmax.numel()
+    grid = (triton.cdiv(n_blocks, rows),)
+    quantize_4bit_kernel[grid](
+        x, packed, absmax, n, packed.numel(), n_blocks,
+        BLOCKSIZE=blocksize, ROWS=rows, FP4=(quant_type == "fp4"), INT64=(grid[0] * rows * blocksize >= 2**31),
+        APPROX_RCP=(not interpreter_enabled()) if approx_rcp is None else approx_rcp,
+        num_warps=_num_warps(rows * blocksize),
+    )
+
+
+def launch_8bit(x, offset, code, q, absmax, blocksize, approx_rcp=None):
+    from ..._triton import interpreter_enabled
+
+    n = x.numel()
+    rows = _rows(blocksize)
+    n_blocks = absmax.numel()
+    grid = (triton.cdiv(n_blocks, rows),)
+    quantize_8bit_kernel[grid](
+        x, offset, code, q, absmax, n, n_blocks,
+        BLOCKSIZE=blocksize, ROWS=rows, INT64=(grid[0] * rows * blocksize >= 2**31), APPROX_RCP=(not interpreter_enabled()) if approx_rcp is None else approx_rcp,
+        num_warps=_num_warps(rows * blocksize),
+    )
