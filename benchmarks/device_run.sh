@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One call on the lent GPU: install the carried bitsandbytes wheel, then run the steps named in $@
+# (rcp, tune, gpu-tests, bench-dequant, bench-quantize), each with its own time limit, logs under $OUT.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+python3 -c "import torch, triton, bitsandbytes; print(torch.__version__, triton.__version__, bitsandbytes.__version__)"
+for step in "$@"; do
+  case $step in
+    rcp) timeout 120 python3 benchmarks/rcp_table.py $OUT 2>&1 | tee $OUT/rcp.log ;;
+    tune) timeout 240 python3 benchmarks/tune_dequant.py $OUT/tune.json 2>&1 | tee $OUT/tune.log ;;
+    gpu-tests) timeout 300 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -40 | tee $OUT/gpu-tests.log ;;
+    bench-dequant) timeout 300 python3 -m fastnf4 bench dequant --json $OUT/h200-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
+    bench-quantize) timeout 300 python3 -m fastnf4 bench quantize --json $OUT/h200-quantize.json 2>&1 | grep -v '%|' | tee $OUT/bench-quantize.log ;;
+  esac
+done
