@@ -11,8 +11,8 @@ for step in "$@"; do
   case $step in
     rcp) timeout 120 python3 benchmarks/rcp_table.py $OUT 2>&1 | tee $OUT/rcp.log ;;
     tune) timeout 240 python3 benchmarks/tune_dequant.py $OUT/tune.json 2>&1 | tee $OUT/tune.log ;;
-    gpu-tests) timeout 300 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -40 | tee $OUT/gpu-tests.log ;;
-    bench-dequant) timeout 300 python3 -m fastnf4 bench dequant --json $OUT/h200-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
-    bench-quantize) timeout 300 python3 -m fastnf4 bench quantize --json $OUT/h200-quantize.json 2>&1 | grep -v '%|' | tee $OUT/bench-quantize.log ;;
+    gpu-tests) timeout 240 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -60 | tee $OUT/gpu-tests.log ;;
+    bench-dequant) timeout 200 python3 -m fastnf4 bench dequant --json $OUT/h200-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
+    bench-quantize) timeout 150 python3 -m fastnf4 bench quantize --json $OUT/h200-quantize.json 2>&1 | grep -v '%|' | tee $OUT/bench-quantize.log ;;
   esac
 done

@@ -5,12 +5,22 @@ import torch
 
 import fastnf4
 from fastnf4.bench.common import bnb_functional, clone_weight, make_weight
-from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_cuda
+from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_both
 from fastnf4.bench.registry import register
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def add_timing(row: dict, provider: str, t: dict, moved: int, copy: dict) -> None:
+    """``<provider>_us`` (graph, median), p20/p80, GB/s and % of the 2 GiB copy bandwidth, and the same
+    for single stream launches (``_stream_``)."""
+    row[f"{provider}_us"], row[f"{provider}_p20_us"], row[f"{provider}_p80_us"] = t["median_us"], t["p20_us"], t["p80_us"]
+    row[f"{provider}_GBps"] = moved / t["median_us"] / 1e3
+    row[f"{provider}_pct_copy"] = 100 * row[f"{provider}_GBps"] / copy["GBps"]
+    row[f"{provider}_stream_us"] = t["stream_us"]
+    row[f"{provider}_stream_pct_copy"] = 100 * moved / t["stream_us"] / 1e3 / copy["GBps"]
 
 
 @register("dequant")
@@ -43,26 +53,28 @@ def run(opts) -> dict:
                                       q.blocksize, q.numel, dtype, q.nested_code, q.nested_absmax, q.offset)
         exact = bool(torch.equal(_bits(outs[0]).reshape(-1), _bits(expect).reshape(-1)))
 
-        t_f = time_cuda([lambda i=i: fastnf4.dequantize(qs[i], dtype=dtype, out=outs[i]) for i in range(reps)])
         row = dict(op="dequant", model=model, layer=layer, N=n, K=k, dtype=str(dtype).removeprefix("torch."),
-                   nested=nested, blocksize=opts.blocksize, bytes=moved, exact=exact,
-                   fastnf4_us=t_f["median_us"], fastnf4_p20_us=t_f["p20_us"], fastnf4_p80_us=t_f["p80_us"])
-        row["fastnf4_GBps"] = moved / t_f["median_us"] / 1e3
-        row["fastnf4_pct_copy"] = 100 * row["fastnf4_GBps"] / copy["GBps"]
+                   nested=nested, blocksize=opts.blocksize, bytes=moved, exact=exact)
+        add_timing(row, "fastnf4", time_both([lambda i=i: fastnf4.dequantize(qs[i], dtype=dtype, out=outs[i])
+                                              for i in range(reps)]), moved, copy)
+        same = [torch.empty(moved // 2, dtype=torch.uint8, device="cuda") for _ in range(reps + 1)]
+        add_timing(row, "copy_same_bytes", time_both([lambda i=i: same[i].copy_(same[i + 1]) for i in range(reps)]),
+                   moved, copy)
+        del same
         if bnb is not None:
             bnbs = [bnb] + [(w.packed, w.to_bnb()[1]) for w in qs[1:]]
             for _, st in bnbs:
                 st.dtype = dtype
-            t_b = time_cuda([lambda i=i: F.dequantize_4bit(bnbs[i][0], bnbs[i][1], out=outs[i]) for i in range(reps)])
-            row.update(bnb_us=t_b["median_us"], bnb_p20_us=t_b["p20_us"], bnb_p80_us=t_b["p80_us"])
-            row["bnb_GBps"] = moved / t_b["median_us"] / 1e3
-            row["bnb_pct_copy"] = 100 * row["bnb_GBps"] / copy["GBps"]
-            row["speedup_vs_bnb"] = t_b["median_us"] / t_f["median_us"]
+            add_timing(row, "bnb", time_both([lambda i=i: F.dequantize_4bit(bnbs[i][0], bnbs[i][1], out=outs[i])
+                                              for i in range(reps)]), moved, copy)
+            row["speedup_vs_bnb"] = row["bnb_us"] / row["fastnf4_us"]
+            row["speedup_vs_bnb_stream"] = row["bnb_stream_us"] / row["fastnf4_stream_us"]
         rows.append(row)
         del qs, outs, bnb
         torch.cuda.empty_cache()
     cols = [("model", "{}"), ("layer", "{}"), ("N", "{}"), ("K", "{}"), ("dtype", "{}"), ("nested", "{}"),
             ("bytes", "{:.3g}"), ("exact", "{}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_copy", "{:.1f}"),
+            ("fastnf4_stream_pct_copy", "{:.1f}"), ("copy_same_bytes_pct_copy", "{:.1f}"),
             ("bnb_us", "{:.1f}"), ("bnb_pct_copy", "{:.1f}"), ("speedup_vs_bnb", "{:.2f}")]
     table = f"copy bandwidth: {copy['GBps']:.0f} GB/s (read+write, 2 GiB)\n" + format_table(rows, cols)
     return {"copy": copy, "rows": rows, "table": table}

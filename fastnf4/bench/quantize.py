@@ -6,7 +6,8 @@ import torch
 
 import fastnf4
 from fastnf4.bench.common import bnb_functional
-from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_cuda
+from fastnf4.bench.dequant import add_timing
+from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_both
 from fastnf4.bench.registry import register
 
 
@@ -40,22 +41,20 @@ def run(opts) -> dict:
         if F is not None:
             packed, qs = F.quantize_4bit(w, blocksize=opts.blocksize, compress_statistics=nested, quant_type="nf4")
             row["exact"] = same_as_bnb(q, packed, qs)
-        t_f = time_cuda([lambda i=i: fastnf4.quantize(ws[i], blocksize=opts.blocksize, double_quant=nested)
-                         for i in range(reps)], iters=30)
-        row.update(fastnf4_us=t_f["median_us"], fastnf4_p20_us=t_f["p20_us"], fastnf4_p80_us=t_f["p80_us"])
-        row["fastnf4_GBps"] = moved / t_f["median_us"] / 1e3
-        row["fastnf4_pct_copy"] = 100 * row["fastnf4_GBps"] / copy["GBps"]
+        add_timing(row, "fastnf4", time_both([lambda i=i: fastnf4.quantize(ws[i], blocksize=opts.blocksize,
+                                                                            double_quant=nested) for i in range(reps)]),
+                   moved, copy)
         if F is not None:
-            t_b = time_cuda([lambda i=i: F.quantize_4bit(ws[i], blocksize=opts.blocksize, compress_statistics=nested,
-                                                         quant_type="nf4") for i in range(reps)], iters=30)
-            row.update(bnb_us=t_b["median_us"], bnb_p20_us=t_b["p20_us"], bnb_p80_us=t_b["p80_us"])
-            row["bnb_GBps"] = moved / t_b["median_us"] / 1e3
-            row["speedup_vs_bnb"] = t_b["median_us"] / t_f["median_us"]
+            add_timing(row, "bnb", time_both([lambda i=i: F.quantize_4bit(ws[i], blocksize=opts.blocksize,
+                                                                          compress_statistics=nested, quant_type="nf4")
+                                              for i in range(reps)]), moved, copy)
+            row["speedup_vs_bnb"] = row["bnb_us"] / row["fastnf4_us"]
+            row["speedup_vs_bnb_stream"] = row["bnb_stream_us"] / row["fastnf4_stream_us"]
         rows.append(row)
         del ws, w, q
         torch.cuda.empty_cache()
     cols = [("model", "{}"), ("layer", "{}"), ("N", "{}"), ("K", "{}"), ("dtype", "{}"), ("nested", "{}"),
             ("exact", "{}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_copy", "{:.1f}"), ("bnb_us", "{:.1f}"),
-            ("speedup_vs_bnb", "{:.2f}")]
+            ("speedup_vs_bnb", "{:.2f}"), ("speedup_vs_bnb_stream", "{:.2f}")]
     table = f"copy bandwidth: {copy['GBps']:.0f} GB/s (read+write, 2 GiB)\n" + format_table(rows, cols)
     return {"copy": copy, "rows": rows, "table": table}

@@ -22,7 +22,7 @@ SHAPES = sorted({(n, k) for _, _, n, k in model_shapes()})
 
 
 def bits(t):
-    return t.reshape(-1).view({2: torch.int16, 4: torch.int32}[t.element_size()])
+    return t.reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def assert_same_quantization(q, packed, qs, what):
