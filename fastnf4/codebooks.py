@@ -43,9 +43,24 @@ def _code_cpu(quant_type: str) -> torch.Tensor:
     raise ValueError(f"unknown quant_type {quant_type!r}; expected one of {QUANT_TYPES}")
 
 
+_device_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _on_device(name: str, make, device) -> torch.Tensor:
+    # One copy per device, made on first use; callers get a device-side clone, which is legal inside
+    # CUDA-graph capture (a host-to-device copy is not).
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (name, device)
+    if key not in _device_cache:
+        _device_cache[key] = make().to(device)
+    return _device_cache[key]
+
+
 def code_4bit(quant_type: str = "nf4", device: torch.device | str = "cpu") -> torch.Tensor:
     """The 16-entry float32 table of ``quant_type`` on ``device`` (a fresh tensor each call)."""
-    return _code_cpu(quant_type).to(device, copy=True)
+    return _on_device(quant_type, lambda: _code_cpu(quant_type), device).clone()
 
 
 def _f32(hex_bits: str) -> float:
@@ -72,17 +87,11 @@ def _kernel_code_cpu(quant_type: str) -> torch.Tensor:
     return code
 
 
-_kernel_code_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
-
-
 def kernel_code(quant_type: str, device: torch.device) -> torch.Tensor:
     """The table the dequantize kernels use, as bitsandbytes' CUDA kernels do: the canonical table of
     ``quant_type`` (a checkpoint's ``quant_map`` is checked against it, not used), with FP4's code 8 as -0.0.
     Cached per device; the first call on a device copies 64 bytes to it (do it before graph capture)."""
-    key = (quant_type, device)
-    if key not in _kernel_code_cache:
-        _kernel_code_cache[key] = _kernel_code_cpu(quant_type).to(device)
-    return _kernel_code_cache[key]
+    return _on_device(f"kernel-{quant_type}", lambda: _kernel_code_cpu(quant_type), device)
 
 
 @functools.cache
@@ -108,5 +117,5 @@ def _dynamic_map_cpu() -> torch.Tensor:
 
 
 def dynamic_map(device: torch.device | str = "cpu") -> torch.Tensor:
-    """The 256-entry signed "dynamic" 8-bit map bitsandbytes uses for nested statistics."""
-    return _dynamic_map_cpu().to(device, copy=True)
+    """The 256-entry signed "dynamic" 8-bit map bitsandbytes uses for nested statistics (a fresh tensor)."""
+    return _on_device("dynamic", _dynamic_map_cpu, device).clone()

@@ -5,6 +5,7 @@ entries (float32, or uint8 codes when NESTED), ``out`` is ``numel`` contiguous e
 
 Tiling: a program owns ``ROWS x COLS`` consecutive packed bytes, viewed as ROWS rows of COLS bytes; COLS
 divides ``BLOCKSIZE // 2`` so each row needs exactly one absmax, read once per row (not per element).
+Codes are looked up in the 16-entry float32 table through L1 (two 4-byte gathers per byte).
 Double-quant statistics are decoded in the same launch (bitsandbytes needs a second kernel): a uint8
 code, a 256-entry table lookup, one product and one sum; the launch passes ``enable_fp_fusion=False`` so
 that product and sum round separately, as bitsandbytes' two steps do.
@@ -39,31 +40,25 @@ def dequantize_4bit_kernel(
     pid = tl.program_id(0)
     if INT64:
         pid = pid.to(tl.int64)
+    # [ROWS, COLS] bytes, COLS dividing BLOCKSIZE // 2: one absmax (and one double-quant decode) per row
+    o_row = pid * (ROWS * COLS) + tl.arange(0, ROWS) * COLS
+    o_bytes = o_row[:, None] + tl.arange(0, COLS)[None, :]
+    o_blk = o_row // (BLOCKSIZE // 2)
+    m_blk = o_blk < n_blocks
     if NESTED:
-        # [ROWS, COLS] bytes, COLS dividing BLOCKSIZE // 2: the double-quant decode runs once per row
-        o_row = pid * (ROWS * COLS) + tl.arange(0, ROWS) * COLS
-        o_bytes = o_row[:, None] + tl.arange(0, COLS)[None, :]
-        o_blk = o_row // (BLOCKSIZE // 2)
-        m_blk = o_blk < n_blocks
         b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
         b_scale2 = tl.load(p_nabsmax + o_blk // NESTED_BLOCKSIZE, mask=m_blk, other=0.0)
-        b_absmax = (tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset))[:, None]
-        o_out = 2 * o_row[:, None] + tl.arange(0, 2 * COLS)[None, :]
+        b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
     else:
-        # flat tile; absmax gathered per byte (L1 hits): measured ~1% faster than the per-row form
-        o_bytes = pid * (ROWS * COLS) + tl.arange(0, ROWS * COLS)
-        b_absmax = tl.load(p_absmax + o_bytes // (BLOCKSIZE // 2), mask=o_bytes < n_bytes, other=0.0)
-        o_out = 2 * pid * (ROWS * COLS) + tl.arange(0, 2 * ROWS * COLS)
+        b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
     b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0)
 
-    b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax
-    b_lo = tl.load(p_code + (b_packed & 15).to(tl.int32)) * b_absmax
+    b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
+    b_lo = tl.load(p_code + (b_packed & 15).to(tl.int32)) * b_absmax[:, None]
     # element 2i (high nibble) then 2i+1 (low nibble); join + reshape keeps each thread's outputs
     # contiguous, so stores are 16-byte vectors (a 3-D [.., .., 2] store measured 8% of copy: L2-bound)
-    if NESTED:
-        b_val = tl.reshape(tl.join(b_hi, b_lo), (ROWS, 2 * COLS))
-    else:
-        b_val = tl.reshape(tl.join(b_hi, b_lo), (2 * ROWS * COLS,))
+    b_val = tl.reshape(tl.join(b_hi, b_lo), (ROWS, 2 * COLS))
+    o_out = 2 * o_row[:, None] + tl.arange(0, 2 * COLS)[None, :]
     out_ty = p_out.dtype.element_ty
     if MANUAL_BF16 and out_ty == tl.bfloat16:
         b_cast = _round_to_bf16(b_val)
@@ -72,9 +67,9 @@ def dequantize_4bit_kernel(
     tl.store(p_out + o_out, b_cast, mask=o_out < numel)
 
 
-# Packed bytes per program (H200 sweep, NOTES.md): flat 1024 and per-row 2048 were best at 4 warps;
-# 8 KiB tiles and a persistent grid were slower.
-TILE_BYTES = {False: 1024, True: 2048}
+# Packed bytes per program (H200 sweeps, NOTES.md): 2048 as 64 rows x 32 bytes at 4 warps was best;
+# a flat tile with per-byte absmax was 1-2% slower, 8 KiB tiles and a persistent grid slower still.
+TILE_BYTES = 2048
 NUM_WARPS = 4
 
 
@@ -88,7 +83,7 @@ def launch(
     if numel == 0:
         return out
     nested = nested_code is not None
-    tile = tile_bytes or TILE_BYTES[nested]
+    tile = tile_bytes or TILE_BYTES
     cols = min(blocksize // 2, tile, 128)
     rows = max(tile // cols, 1)
     grid = (triton.cdiv(n_bytes, rows * cols),)

@@ -40,33 +40,34 @@ def ieee_reciprocal_ftz(a: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _rcp_exceptions() -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Mantissas (23 bits) where the GPU's rcp.approx differs from the correctly rounded reciprocal, and the
-    signed ulp difference there; measured once on an H200 (benchmarks/rcp_table.py), shipped as data."""
+    """Two bitmaps over the 2**23 mantissas: where the GPU's rcp.approx differs from the correctly rounded
+    reciprocal, and whether it is then one ulp larger (else one ulp smaller). Measured once on an H200 by
+    benchmarks/rcp_table.py, shipped as data (2 MiB)."""
     path = os.environ.get("FASTNF4_RCP_TABLE") or os.path.join(os.path.dirname(__file__), "rcp_approx_exceptions.safetensors")
     if not os.path.exists(path):
         return None
     from safetensors.torch import load_file
 
     t = load_file(path)
-    return t["mantissa"].long(), t["delta"].long()
+    return t["differs"], t["plus_one"]
+
+
+def _bit(bitmap: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return (bitmap[index >> 3].long() >> (index & 7)) & 1
 
 
 def rcp_approx_ftz(a: torch.Tensor) -> torch.Tensor:
-    """Emulation of PTX ``rcp.approx.ftz.f32``: IEEE reciprocal, corrected by the measured exception table
-    (when shipped) on normal inputs whose result is normal."""
+    """Emulation of PTX ``rcp.approx.ftz.f32``: the IEEE reciprocal with flush-to-zero, moved by one ulp
+    where the measured table says the hardware differs (normal inputs with a normal result)."""
     r = ieee_reciprocal_ftz(a)
     table = _rcp_exceptions()
     if table is None:
         return r
-    mantissas, deltas = table
-    bits = a.contiguous().view(torch.int32).long()
-    mant = bits & 0x7FFFFF
-    pos = torch.searchsorted(mantissas.to(a.device), mant).clamp(max=max(len(mantissas) - 1, 0))
-    hit = mantissas.to(a.device)[pos] == mant
+    differs, plus_one = (t.to(a.device) for t in table)
+    mant = a.contiguous().view(torch.int32).long() & 0x7FFFFF
     normal = (r.abs() >= FLT_MIN) & torch.isfinite(r) & (a.abs() >= FLT_MIN)
-    adj = torch.where(hit & normal, deltas.to(a.device)[pos], torch.zeros_like(pos))
-    rbits = r.contiguous().view(torch.int32).long() + adj  # ulp steps on the magnitude (sign bit untouched)
-    return rbits.to(torch.int32).view(torch.float32)
+    step = torch.where(_bit(plus_one, mant) == 1, 1, -1) * _bit(differs, mant) * normal.long()
+    return (r.contiguous().view(torch.int32).long() + step).to(torch.int32).view(torch.float32)  # ulp steps on |r|
 
 
 def _blocks(x: torch.Tensor, blocksize: int, fill: float = 0.0) -> torch.Tensor:
