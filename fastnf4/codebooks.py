@@ -30,8 +30,9 @@ _NF4 = (
     0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
     0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
 )
-# code index -> value in units of 1/12 (sign in bit 3, then exponent and mantissa)
-_FP4_TWELFTHS = (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, -0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
+# code index -> value in units of 1/12 (sign in bit 3, then exponent and mantissa); code 8 is +0.0 in
+# bitsandbytes' Python table (a checkpoint's quant_map) but -0.0 in its CUDA kernels (see kernel_code)
+_FP4_TWELFTHS = (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
 
 
 @functools.cache
