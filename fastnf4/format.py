@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES
+from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, code_4bit
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -122,11 +122,11 @@ class NF4Weight:
             )
         dev = self.packed.device
         _check_tensor(self.code, "code (quant_map)", torch.float32, 16, dev)
-        absmax_dtype = torch.uint8 if self.nested else torch.float32
-        _check_tensor(self.absmax, "absmax", absmax_dtype, self.nblocks, dev)
         parts = (self.nested_absmax, self.nested_code, self.offset)
         if any(p is None for p in parts) and any(p is not None for p in parts):
             raise ValueError("double quantization needs nested_absmax, nested_code and offset together")
+        absmax_dtype = torch.uint8 if self.nested else torch.float32
+        _check_tensor(self.absmax, "absmax", absmax_dtype, self.nblocks, dev)
         if self.nested:
             if self.nested_blocksize not in BLOCKSIZES:
                 raise ValueError(f"unsupported nested_blocksize {self.nested_blocksize}")
@@ -134,6 +134,14 @@ class NF4Weight:
             _check_tensor(self.nested_absmax, "nested_absmax", torch.float32, n2, dev)
             _check_tensor(self.nested_code, "nested_code (nested_quant_map)", torch.float32, 256, dev)
             _check_tensor(self.offset, "offset", torch.float32, 1, dev)
+
+    def check_code(self) -> "NF4Weight":
+        """Raise unless ``code`` (the stored quant_map) is the standard table of ``quant_type``. Like
+        bitsandbytes' CUDA kernels, fastnf4 decodes with the standard table, so a checkpoint with another
+        table would otherwise be read silently wrong. Reads 64 bytes back to the host."""
+        if not torch.equal(self.code.cpu(), code_4bit(self.quant_type)):
+            raise ValueError(f"quant_map is not the standard {self.quant_type} table; custom 4-bit tables are not supported")
+        return self
 
     def to(self, device: torch.device | str) -> "NF4Weight":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
@@ -162,7 +170,7 @@ class NF4Weight:
         """Wrap bitsandbytes' ``(packed, QuantState)`` without copying any tensor."""
         qs = quant_state
         nested = bool(getattr(qs, "nested", False))
-        return cls(
+        q = cls(
             packed=packed, absmax=qs.absmax, code=qs.code, blocksize=int(qs.blocksize),
             shape=torch.Size(qs.shape), dtype=qs.dtype, quant_type=qs.quant_type,
             nested_absmax=qs.state2.absmax if nested else None,
@@ -170,6 +178,7 @@ class NF4Weight:
             offset=_as_offset(qs.offset, packed.device) if nested else None,
             nested_blocksize=int(qs.state2.blocksize) if nested else NESTED_BLOCKSIZE,
         )
+        return q.check_code()
 
     def to_bnb(self) -> tuple[torch.Tensor, Any]:
         """``(packed, bitsandbytes.functional.QuantState)`` sharing this weight's tensors."""
@@ -274,7 +283,7 @@ class NF4Weight:
             nested_absmax=get("nested_absmax").contiguous() if nested else None,
             nested_code=get("nested_quant_map").contiguous() if nested else None,
             offset=offset, nested_blocksize=int(fields.get("nested_blocksize", NESTED_BLOCKSIZE)) if nested else NESTED_BLOCKSIZE,
-        )
+        ).check_code()
 
 
 def _as_offset(offset: Any, device: torch.device) -> torch.Tensor:
