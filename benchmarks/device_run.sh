@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install the carried bitsandbytes wheel, then run the steps named in $@
 # (rcp, tune, gpu-tests, bench-dequant, bench-quantize), each with its own time limit, logs under $OUT.
+# Before the call: git rev-parse --short HEAD > benchmarks/.commit (the device copy has no .git).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+[ -f benchmarks/.commit ] && export FASTNF4_COMMIT=$(cat benchmarks/.commit)
 OUT=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "import torch, triton, bitsandbytes; print(torch.__version__, triton.__version__, bitsandbytes.__version__)"

@@ -16,7 +16,8 @@ import triton.language as tl
 
 @triton.jit
 def _ftz(x):
-    return tl.where(tl.abs(x) < 1.1754943508222875e-38, 0.0, x)
+    # flush float32 subnormals to a zero of the same sign, as the .FTZ instructions do
+    return tl.where(tl.abs(x) < 1.1754943508222875e-38, x * 0.0, x)
 
 
 @triton.jit

@@ -29,8 +29,8 @@ FLT_MAX = float(torch.finfo(torch.float32).max)
 
 
 def ftz(x: torch.Tensor) -> torch.Tensor:
-    """Flush float32 subnormals to zero (NaN and infinities pass through)."""
-    return torch.where(x.abs() < FLT_MIN, torch.zeros_like(x), x)
+    """Flush float32 subnormals to a zero of the same sign (NaN and infinities pass through)."""
+    return torch.where(x.abs() < FLT_MIN, x * 0.0, x)
 
 
 def ieee_reciprocal_ftz(a: torch.Tensor) -> torch.Tensor:
