@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import subprocess
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -29,13 +30,20 @@ def rotation_count(bytes_per_call: int, min_working_set: int = 4 * L2_BYTES, cap
 
 
 def time_cuda(calls: Sequence[Callable[[], object]], iters: int = 60, warmup: int = 5) -> dict:
-    """Median / p20 / p80 microseconds of one call, rotating over ``calls``."""
+    """Median / p20 / p80 microseconds of one call, rotating over ``calls``; ``host_us`` is the host time
+    to issue one call (when it exceeds the GPU time, a real program would be host-bound)."""
     for i in range(warmup):
         calls[i % len(calls)]()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        calls[i % len(calls)]()
+    host_s = (time.perf_counter() - t0) / warmup
+    torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda._sleep(int(2e6 + iters * 1e5))  # keep the GPU busy while the host enqueues every call
+    # keep the GPU busy (sleep counts ~2 GHz cycles) while the host enqueues every call
+    torch.cuda._sleep(int(2e6 + 2 * iters * host_s * 2e9))
     for i in range(iters):
         starts[i].record()
         calls[i % len(calls)]()
@@ -43,7 +51,7 @@ def time_cuda(calls: Sequence[Callable[[], object]], iters: int = 60, warmup: in
     torch.cuda.synchronize()
     us = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
     q = statistics.quantiles(us, n=10)
-    return {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7]}
+    return {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7], "host_us": host_s * 1e6}
 
 
 def time_graph(calls: Sequence[Callable[[], object]], per_graph: int = 20, replays: int = 15) -> dict:
@@ -60,7 +68,7 @@ def time_graph(calls: Sequence[Callable[[], object]], per_graph: int = 20, repla
             calls[i % len(calls)]()
     t = time_cuda([graph.replay], iters=replays, warmup=2)
     del graph
-    return {k: v / per_graph for k, v in t.items()}
+    return {k: v / per_graph for k, v in t.items() if k != "host_us"}
 
 
 def time_both(calls: Sequence[Callable[[], object]]) -> dict:

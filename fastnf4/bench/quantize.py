@@ -46,16 +46,18 @@ def run(opts) -> dict:
         t = time_cuda([lambda i=i: fastnf4.quantize(ws[i], blocksize=opts.blocksize, double_quant=nested)
                        for i in range(reps)])
         add_timing(row, "fastnf4", {**t, "stream_us": t["median_us"]}, moved, copy)
+        row["fastnf4_host_us"] = t["host_us"]
         if F is not None:
             t = time_cuda([lambda i=i: F.quantize_4bit(ws[i], blocksize=opts.blocksize, compress_statistics=nested,
                                                        quant_type="nf4") for i in range(reps)])
             add_timing(row, "bnb", {**t, "stream_us": t["median_us"]}, moved, copy)
+            row["bnb_host_us"] = t["host_us"]
             row["speedup_vs_bnb"] = row["bnb_us"] / row["fastnf4_us"]
         rows.append(row)
         del ws, w, q
         torch.cuda.empty_cache()
     cols = [("model", "{}"), ("layer", "{}"), ("N", "{}"), ("K", "{}"), ("dtype", "{}"), ("nested", "{}"),
-            ("exact", "{}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_copy", "{:.1f}"), ("bnb_us", "{:.1f}"),
+            ("exact", "{}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_copy", "{:.1f}"), ("fastnf4_host_us", "{:.0f}"), ("bnb_us", "{:.1f}"),
             ("speedup_vs_bnb", "{:.2f}")]
     table = f"copy bandwidth: {copy['GBps']:.0f} GB/s (read+write, 2 GiB)\n" + format_table(rows, cols)
     return {"copy": copy, "rows": rows, "table": table}
