@@ -7,7 +7,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import _ops  # noqa: F401  (registers the fastnf4:: custom ops)
-from .api import dequantize, quantize
+from .api import dequantize, linear, quantize
 from .format import NF4Weight
 
-__all__ = ["NF4Weight", "dequantize", "quantize", "__version__"]
+__all__ = ["NF4Weight", "dequantize", "linear", "quantize", "__version__"]

@@ -210,3 +210,50 @@ def _(A, offset, code, blocksize):
     check_quantize_8bit_args(A, offset, code, blocksize)
     n = A.numel()
     return A.new_empty(n, dtype=torch.uint8), A.new_empty(-(-n // blocksize), dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------------------- linear
+def check_linear_args(x, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
+                      bias):
+    _require(x.dtype in FLOAT_DTYPES, TypeError, f"x must be one of {FLOAT_DTYPES}, got {x.dtype}")
+    _require(x.dim() >= 1 and x.shape[-1] == k, ValueError,
+             f"x has {x.shape[-1] if x.dim() else 0} features in its last dimension but the weight has K={k}")
+    _same_device("x", x, packed.device)
+    check_dequantize_args(packed, absmax, code, blocksize, n * k, x.dtype, nested_code, nested_absmax, offset,
+                          nested_blocksize)
+    if bias is not None:
+        _require(bias.shape == (n,), ValueError, f"bias must have shape ({n},), got {tuple(bias.shape)}")
+        _require(bias.dtype == x.dtype, TypeError, f"bias dtype {bias.dtype} differs from x dtype {x.dtype}")
+        _same_device("bias", bias, packed.device)
+
+
+@torch.library.custom_op("fastnf4::linear", mutates_args=())
+def linear(
+    x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, n: int, k: int,
+    nested_code: Optional[torch.Tensor], nested_absmax: Optional[torch.Tensor], offset: Optional[torch.Tensor],
+    nested_blocksize: int, bias: Optional[torch.Tensor],
+) -> torch.Tensor:
+    args = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias)
+    check_linear_args(x, *args)
+    x2d = x.reshape(-1, k)
+    if x2d.stride(-1) != 1 or x2d.stride(0) != k:
+        x2d = x2d.contiguous()
+    if x2d.shape[0] == 0 or n == 0:
+        y = torch.zeros(x2d.shape[0], n, dtype=x.dtype, device=x.device)
+        if bias is not None:
+            y += bias
+    elif _triton.use_triton(x.device):
+        from .ops.matmul import dispatch
+
+        y = dispatch.linear_triton(x2d, *args, manual_bf16=_triton.interpreter_enabled())
+    else:
+        from .ops.matmul import naive as mm_naive
+
+        y = mm_naive.linear(x2d, *args)
+    return y.view(*x.shape[:-1], n)
+
+
+@linear.register_fake
+def _(x, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias):
+    check_linear_args(x, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias)
+    return x.new_empty(*x.shape[:-1], n)

@@ -55,3 +55,18 @@ def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor
         raise TypeError(f"out has dtype {out.dtype} but dtype={dtype} was asked for")
     _ops.dequantize_4bit_out(*args, *nested, out)
     return out.view(q.shape)
+
+
+def linear(x: torch.Tensor, q: NF4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ dequantize(q, x.dtype).T + bias`` for a 2-D ``q`` ([out_features, in_features]) and ``x`` of any
+    leading shape, fp16/bf16 (fp32 works). Fused kernels read the packed weight directly (GEMV for a few
+    rows, tensor-core GEMM up to a few hundred, dequantize + cuBLAS beyond: ``ops/matmul/dispatch.py``)."""
+    if not isinstance(q, NF4Weight):
+        raise TypeError(f"linear takes an NF4Weight, got {type(q).__name__}")
+    if len(q.shape) != 2:
+        raise ValueError(f"linear needs a 2-D weight [out_features, in_features], got shape {tuple(q.shape)}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    n, k = q.shape
+    return _ops.linear(x, q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k,
+                       q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize, bias)

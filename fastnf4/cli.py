@@ -12,10 +12,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     bench = sub.add_parser("bench", help="run a benchmark on the current CUDA GPU")
-    bench.add_argument("name", choices=["dequant", "quantize"], help="which benchmark")
+    bench.add_argument("name", choices=["dequant", "quantize", "matmul"], help="which benchmark")
     bench.add_argument("--models", nargs="*", default=None,
                        help="restrict to these models (llama-3.3-70b, qwen3-32b, gemma-3-27b)")
     bench.add_argument("--blocksize", type=int, default=64)
+    bench.add_argument("--m", type=int, nargs="*", default=None, help="matmul: rows of x (default 1..2048)")
     bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")
     opts = parser.parse_args(argv)
     if opts.version:

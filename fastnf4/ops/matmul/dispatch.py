@@ -1,0 +1,77 @@
+"""Which kernel computes ``x @ dequant(W).T + b`` for a given M (rows of x).
+
+Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
+
+| M          | path                                   |
+|------------|----------------------------------------|
+| 1 .. 4     | fused GEMV (``gemv_kernel``)           |
+| 5 .. 256   | fused tensor-core GEMM (``gemm_kernel``)|
+| > 256      | fastnf4 dequantize + cuBLAS            |
+
+Shapes the fused kernels do not cover (K without a power-of-two factor of 16 shared with the blocksize)
+take dequantize + matmul at every M.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..dequantize import kernel as dq_kernel
+from . import kernel
+
+GEMV_MAX_M = 4
+FUSED_GEMM_MAX_M = 256
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: small grids keep the CPU tests quick but still exercise split-K
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def choose_path(m: int, k: int, blocksize: int) -> str:
+    if kernel.group_elems(k, blocksize) == 0:
+        return "dequant+matmul"
+    if m <= GEMV_MAX_M:
+        return "gemv"
+    if m <= FUSED_GEMM_MAX_M:
+        return "gemm"
+    return "dequant+matmul"
+
+
+def _finish(acc: torch.Tensor, bias, dtype):
+    if bias is not None:
+        acc += bias.float()
+    return acc.to(dtype)
+
+
+def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
+                  bias, path: str | None = None, manual_bf16: bool = False):
+    # manual_bf16: running under Triton's CPU interpreter (exact bf16 rounding done with integers)
+    """[M, N] result on the current stream; ``path`` forces a kernel (benchmarks, tests)."""
+    m = x2d.shape[0]
+    path = path or choose_path(m, k, blocksize)
+    w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
+    if path == "dequant+matmul":
+        wd = torch.empty(n * k, dtype=x2d.dtype, device=x2d.device)
+        dq_kernel.launch(packed, absmax, code, wd, blocksize, n * k, nested_code, nested_absmax, offset,
+                         nested_blocksize, manual_bf16=manual_bf16)
+        return torch.nn.functional.linear(x2d, wd.view(n, k), bias)
+    sms = num_sms(x2d.device)
+    if path == "gemv":
+        block_n, ng, split_k = kernel.gemv_plan(m, n, k, blocksize, sms)
+        y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
+            torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+        kernel.launch_gemv(x2d, *w, bias if split_k == 1 else None, y, block_n, ng, split_k, interpret=manual_bf16)
+    else:
+        config, split_k = kernel.gemm_plan(m, n, k, blocksize, sms)
+        y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
+            torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+        kernel.launch_gemm(x2d, *w, bias if split_k == 1 else None, y, config, split_k, interpret=manual_bf16)
+    return _finish(y, bias, x2d.dtype) if split_k > 1 else y
