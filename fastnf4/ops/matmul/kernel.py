@@ -32,8 +32,10 @@ def _group_absmax(p_absmax, p_ncode, p_nabsmax, p_offset, o_elem, mask,
     if NESTED:
         q = tl.load(p_absmax + blk, mask=mask, other=0).to(tl.int32)
         scale2 = tl.load(p_nabsmax + blk // NESTED_BLOCKSIZE, mask=mask, other=0.0)
-        return tl.load(p_ncode + q) * scale2 + tl.load(p_offset)
-    return tl.load(p_absmax + blk, mask=mask, other=0.0)
+        absmax = tl.load(p_ncode + q) * scale2 + tl.load(p_offset)
+    else:
+        absmax = tl.load(p_absmax + blk, mask=mask, other=0.0)
+    return absmax
 
 
 @triton.jit
