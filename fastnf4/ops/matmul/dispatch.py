@@ -4,9 +4,11 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M          | path                                   |
 |------------|----------------------------------------|
-| 1 .. 4     | fused GEMV (``gemv_kernel``)           |
-| 5 .. 256   | fused tensor-core GEMM (``gemm_kernel``)|
-| > 256      | fastnf4 dequantize + cuBLAS            |
+| 1 .. GEMV_MAX_M | fused GEMV (``gemv_kernel``)      |
+| larger     | fastnf4 dequantize + cuBLAS            |
+
+The fused tensor-core GEMM (``gemm_kernel``, ``path="gemm"``) is correct but measured 3-10x slower than
+dequantize + cuBLAS on the H200 at every M (NOTES.md), so the dispatcher does not choose it yet.
 
 Shapes the fused kernels do not cover (K without a power-of-two factor of 16 shared with the blocksize)
 take dequantize + matmul at every M.
@@ -21,7 +23,7 @@ from ..dequantize import kernel as dq_kernel
 from . import kernel
 
 GEMV_MAX_M = 4
-FUSED_GEMM_MAX_M = 256
+FUSED_GEMM_MAX_M = 0  # see the module docstring
 
 
 @functools.cache
@@ -41,7 +43,7 @@ def choose_path(m: int, k: int, blocksize: int) -> str:
     if m <= GEMV_MAX_M:
         return "gemv"
     if m <= FUSED_GEMM_MAX_M:
-        return "gemm"
+        return "gemm"  # pragma: no cover - disabled until it beats dequantize + cuBLAS
     return "dequant+matmul"
 
 
@@ -65,10 +67,10 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
         return torch.nn.functional.linear(x2d, wd.view(n, k), bias)
     sms = num_sms(x2d.device)
     if path == "gemv":
-        block_n, ng, split_k = kernel.gemv_plan(m, n, k, blocksize, sms)
+        block_n, block_w, split_k = kernel.gemv_plan(m, n, k, blocksize, sms)
         y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
             torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-        kernel.launch_gemv(x2d, *w, bias if split_k == 1 else None, y, block_n, ng, split_k, interpret=manual_bf16)
+        kernel.launch_gemv(x2d, *w, bias if split_k == 1 else None, y, block_n, block_w, split_k, interpret=manual_bf16)
     else:
         config, split_k = kernel.gemm_plan(m, n, k, blocksize, sms)
         y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
