@@ -26,7 +26,7 @@ def main(out=None):
         qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
         code = kernel_code("nf4", q.device)
         wd = fastnf4.dequantize(q)
-        for m in (1, 4):
+        for m in (1, 4, 16, 128):
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             ref = (x.double() @ wd.double().T)
             floor = (q.nbytes() + 2 * m * (n + k)) / copy / 1e3
@@ -38,7 +38,7 @@ def main(out=None):
                 return (c.packed_u8, c.absmax, code, c.blocksize, n, k, c.nested_code, c.nested_absmax, c.offset, 256, None)
 
             if m <= 4:
-                cfgs = [(bn, bw, sk, wp) for bn, bw, sk, wp in itertools.product((8, 16, 32), (16, 32, 64), (1, 4), (4, 8))
+                cfgs = [(bn, bw, sk, wp) for bn, bw, sk, wp in itertools.product((8, 16, 32), (16, 32, 64), (1, 4), (4,))
                         if not (sk > 1 and n >= 8192) and bn * bw <= 1024]
                 for bn, ng, sk, wp in cfgs:
                     def call(i, bn=bn, ng=ng, sk=sk, wp=wp):
@@ -52,9 +52,9 @@ def main(out=None):
                     line.append((t, f"bn{bn} ng{ng} sk{sk} w{wp}"))
             else:
                 if m <= 16:
-                    cfgs = [(16, bn, 128, 4, st, sk) for bn in (64, 128) for st in (3, 4) for sk in (1, 4)]
+                    cfgs = [(16, bn, bk, 4, st, sk) for bn in (64, 128) for bk in (64, 128) for st in (1, 3) for sk in (1, 4)]
                 else:
-                    cfgs = [(bm, bn, 64, wp, 3, 1) for bm in (64, 128) for bn in (64, 128) for wp in (4, 8)]
+                    cfgs = [(bm, bn, 64, wp, st, 1) for bm in (64, 128) for bn in (64, 128) for wp in (4, 8) for st in (1, 3)]
                 for bm, bn, bk, wp, st, sk in cfgs:
                     def call(i, c=(bm, bn, bk, wp, st), sk=sk):
                         y = torch.zeros(m, n, dtype=torch.float32, device="cuda") if sk > 1 else torch.empty(m, n, dtype=torch.bfloat16, device="cuda")

@@ -40,6 +40,15 @@ def _group_absmax(p_absmax, p_ncode, p_nabsmax, p_offset, o_elem, mask,
 
 
 @triton.jit
+def _lookup(table, idx):
+    # table[idx] through tl.gather: Triton keeps the 16-entry table in shared memory (one 32-bit-addressed
+    # LDS per code). A plain tl.load(p_code + idx) inside a pipelined dot loop became one cp.async per code
+    # plus a shared-memory read back (measured 3% of the byte floor).
+    flat = tl.reshape(idx.to(tl.int32), (idx.numel,))
+    return tl.reshape(tl.gather(table, flat, 0), idx.shape)
+
+
+@triton.jit
 def _cast_out(acc, out_ty: tl.constexpr, INTERPRET: tl.constexpr):
     if INTERPRET and out_ty == tl.bfloat16:
         return _round_to_bf16(acc)  # the interpreter's own float32 -> bf16 cast is not round-to-nearest-even
@@ -64,6 +73,7 @@ def gemv_kernel(
     if INT64:
         o_n = o_n.to(tl.int64)
     row_words = K // 8
+    table = tl.load(p_code + tl.arange(0, 16))
     acc = tl.zeros([BLOCK_N, MP], dtype=tl.float32)
     w_per_split = tl.cdiv(tl.cdiv(row_words, BLOCK_W), SPLIT_K) * BLOCK_W
     w_start = pid_k * w_per_split
@@ -81,8 +91,8 @@ def gemv_kernel(
                 b_byte = (b_words >> (8 * j)) & 0xFF
                 x_hi = tl.load(p_x + m * stride_xm + 8 * o_w + 2 * j, mask=m_w, other=0.0).to(tl.float32)
                 x_lo = tl.load(p_x + m * stride_xm + 8 * o_w + 2 * j + 1, mask=m_w, other=0.0).to(tl.float32)
-                part += tl.load(p_code + (b_byte >> 4)) * x_hi[None, :]
-                part += tl.load(p_code + (b_byte & 15)) * x_lo[None, :]
+                part += _lookup(table, b_byte >> 4) * x_hi[None, :]
+                part += _lookup(table, b_byte & 15) * x_lo[None, :]
             s = tl.sum(part * b_absmax, axis=1)
             acc += tl.where(tl.arange(0, MP)[None, :] == m, s[:, None], 0.0)
 
@@ -127,6 +137,7 @@ def gemm_kernel(
     NGK: tl.constexpr = BLOCK_K // G
     o_kb = tl.arange(0, KB)
     o_kg = tl.arange(0, NGK)
+    table = tl.load(p_code + tl.arange(0, 16))
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_start = pid_k * k_per_split
@@ -139,8 +150,8 @@ def gemm_kernel(
                       mask=m_n[:, None] & (o_byte[None, :] < k_end // 2), other=0)
         b_absmax = _group_absmax(p_absmax, p_ncode, p_nabsmax, p_offset, o_n[:, None] * K + k0 + o_kg[None, :] * G,
                                  m_n[:, None] & ((k0 + o_kg[None, :] * G) < k_end), BLOCKSIZE, NESTED, NESTED_BLOCKSIZE)
-        b_hi = tl.load(p_code + (b_w >> 4).to(tl.int32))
-        b_lo = tl.load(p_code + (b_w & 15).to(tl.int32))
+        b_hi = _lookup(table, b_w >> 4)
+        b_lo = _lookup(table, b_w & 15)
         w = tl.reshape(tl.join(b_hi, b_lo), (BLOCK_N, NGK, G)) * b_absmax[:, :, None]
         w = tl.reshape(w, (BLOCK_N, BLOCK_K))
         if INTERPRET:
