@@ -2,13 +2,15 @@
 
 Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
-| M          | path                                   |
-|------------|----------------------------------------|
-| 1 .. GEMV_MAX_M | fused GEMV (``gemv_kernel``)      |
-| larger     | fastnf4 dequantize + cuBLAS            |
+| M                         | path                                      |
+|---------------------------|-------------------------------------------|
+| 1 .. 4                    | fused GEMV (``gemv_kernel``)              |
+| 5 .. 64, N >= 4096        | fused tensor-core GEMM (``gemm_kernel``)  |
+| otherwise                 | fastnf4 dequantize + cuBLAS               |
 
-The fused tensor-core GEMM (``gemm_kernel``, ``path="gemm"``) is correct but measured 3-10x slower than
-dequantize + cuBLAS on the H200 at every M (NOTES.md), so the dispatcher does not choose it yet.
+From the H200 sweep (benchmarks/results/h200-matmul-sweep.json): the fused GEMM beats dequantize + cuBLAS
+at M = 16 on 8192x8192 (57 vs 82 us) and 57344x8192 (340 vs ~530 us) but not on 1024x8192 (21 vs 15 us),
+and at M = 128 it is no better than dequantize + cuBLAS.
 
 Shapes the fused kernels do not cover (K without a power-of-two factor of 16 shared with the blocksize)
 take dequantize + matmul at every M.
@@ -23,7 +25,8 @@ from ..dequantize import kernel as dq_kernel
 from . import kernel
 
 GEMV_MAX_M = 4
-FUSED_GEMM_MAX_M = 0  # see the module docstring
+FUSED_GEMM_MAX_M = 64
+FUSED_GEMM_MIN_N = 4096
 
 
 @functools.cache
@@ -37,13 +40,13 @@ def num_sms(device: torch.device) -> int:
     return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_path(m: int, k: int, blocksize: int) -> str:
+def choose_path(m: int, n: int, k: int, blocksize: int) -> str:
     if kernel.group_elems(k, blocksize) == 0:
         return "dequant+matmul"
     if m <= GEMV_MAX_M:
         return "gemv"
-    if m <= FUSED_GEMM_MAX_M:
-        return "gemm"  # pragma: no cover - disabled until it beats dequantize + cuBLAS
+    if m <= FUSED_GEMM_MAX_M and n >= FUSED_GEMM_MIN_N:
+        return "gemm"
     return "dequant+matmul"
 
 
@@ -58,7 +61,7 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
     # manual_bf16: running under Triton's CPU interpreter (exact bf16 rounding done with integers)
     """[M, N] result on the current stream; ``path`` forces a kernel (benchmarks, tests)."""
     m = x2d.shape[0]
-    path = path or choose_path(m, k, blocksize)
+    path = path or choose_path(m, n, k, blocksize)
     w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
     if path == "dequant+matmul":
         wd = torch.empty(n * k, dtype=x2d.dtype, device=x2d.device)
@@ -67,10 +70,10 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
         return torch.nn.functional.linear(x2d, wd.view(n, k), bias)
     sms = num_sms(x2d.device)
     if path == "gemv":
-        block_n, block_w, split_k = kernel.gemv_plan(m, n, k, blocksize, sms)
+        block_n, ng, split_k = kernel.gemv_plan(m, n, k, blocksize, sms)
         y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
             torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-        kernel.launch_gemv(x2d, *w, bias if split_k == 1 else None, y, block_n, block_w, split_k, interpret=manual_bf16)
+        kernel.launch_gemv(x2d, *w, bias if split_k == 1 else None, y, block_n, ng, split_k, interpret=manual_bf16)
     else:
         config, split_k = kernel.gemm_plan(m, n, k, blocksize, sms)
         y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \

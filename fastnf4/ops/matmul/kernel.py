@@ -57,42 +57,42 @@ def _cast_out(acc, out_ty: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def gemv_kernel(
-    p_x, p_words, p_absmax, p_code, p_ncode, p_nabsmax, p_offset, p_bias, p_y,
+    p_x, p_packed, p_absmax, p_code, p_ncode, p_nabsmax, p_offset, p_bias, p_y,
     N, K, stride_xm, stride_ym,
-    M: tl.constexpr, MP: tl.constexpr, BLOCKSIZE: tl.constexpr,
+    M: tl.constexpr, MP: tl.constexpr, BLOCKSIZE: tl.constexpr, G: tl.constexpr,
     NESTED: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT_K: tl.constexpr, INT64: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_N: tl.constexpr, NG: tl.constexpr, SPLIT_K: tl.constexpr, INT64: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    # W read as int32 words (8 codes each; byte j of a word is bits 8j..8j+7): the tile is [BLOCK_N rows,
-    # BLOCK_W words] and every step stays 2-D, so no layout conversion or shared memory is needed; x is read
-    # with stride 8 per byte position (L1 hits, shared by the BLOCK_N rows).
+    GB: tl.constexpr = G // 2  # bytes per group
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
     if INT64:
         o_n = o_n.to(tl.int64)
-    row_words = K // 8
-    table = tl.load(p_code + tl.arange(0, 16))
+    row_bytes = K // 2
+    o_g = tl.arange(0, NG)
+    o_b = tl.arange(0, GB)
     acc = tl.zeros([BLOCK_N, MP], dtype=tl.float32)
-    w_per_split = tl.cdiv(tl.cdiv(row_words, BLOCK_W), SPLIT_K) * BLOCK_W
-    w_start = pid_k * w_per_split
-    w_end = tl.minimum(w_start + w_per_split, row_words)
-    for w0 in range(w_start, w_end, BLOCK_W):
-        o_w = w0 + tl.arange(0, BLOCK_W)
-        m_w = o_w < w_end
-        m_t = m_n[:, None] & m_w[None, :]
-        b_words = tl.load(p_words + o_n[:, None] * row_words + o_w[None, :], mask=m_t, other=0)
-        b_absmax = _group_absmax(p_absmax, p_ncode, p_nabsmax, p_offset, o_n[:, None] * K + 8 * o_w[None, :], m_t,
+    kb_per_split = tl.cdiv(tl.cdiv(row_bytes, NG * GB), SPLIT_K) * (NG * GB)
+    kb_start = pid_k * kb_per_split
+    kb_end = tl.minimum(kb_start + kb_per_split, row_bytes)
+    for kb in range(kb_start, kb_end, NG * GB):
+        o_byte = kb + o_g[:, None] * GB + o_b[None, :]  # [NG, GB] byte offsets within a row
+        m_byte = o_byte < kb_end
+        p_w = p_packed + o_n[:, None, None] * row_bytes + o_byte[None, :, :]
+        b_w = tl.load(p_w, mask=m_n[:, None, None] & m_byte[None, :, :], other=0)
+        b_hi = tl.load(p_code + (b_w >> 4).to(tl.int32))
+        b_lo = tl.load(p_code + (b_w & 15).to(tl.int32))
+        o_elem = o_n[:, None] * K + 2 * (kb + o_g[None, :] * GB)  # first element of each group
+        b_absmax = _group_absmax(p_absmax, p_ncode, p_nabsmax, p_offset, o_elem,
+                                 m_n[:, None] & ((kb + o_g[None, :] * GB) < kb_end),
                                  BLOCKSIZE, NESTED, NESTED_BLOCKSIZE)
         for m in tl.static_range(M):
-            part = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-            for j in tl.static_range(4):
-                b_byte = (b_words >> (8 * j)) & 0xFF
-                x_hi = tl.load(p_x + m * stride_xm + 8 * o_w + 2 * j, mask=m_w, other=0.0).to(tl.float32)
-                x_lo = tl.load(p_x + m * stride_xm + 8 * o_w + 2 * j + 1, mask=m_w, other=0.0).to(tl.float32)
-                part += _lookup(table, b_byte >> 4) * x_hi[None, :]
-                part += _lookup(table, b_byte & 15) * x_lo[None, :]
+            o_x = 2 * o_byte[:, :, None] + tl.arange(0, 2)[None, None, :]
+            b_x = tl.load(p_x + m * stride_xm + o_x, mask=m_byte[:, :, None], other=0.0).to(tl.float32)
+            b_xe, b_xo = tl.split(b_x)  # [NG, GB]: elements 2i (high nibble) and 2i + 1 (low nibble)
+            part = tl.sum(b_hi * b_xe[None, :, :] + b_lo * b_xo[None, :, :], axis=2)  # [BLOCK_N, NG]
             s = tl.sum(part * b_absmax, axis=1)
             acc += tl.where(tl.arange(0, MP)[None, :] == m, s[:, None], 0.0)
 
@@ -190,28 +190,29 @@ def group_elems(k: int, blocksize: int) -> int:
 
 
 def gemv_plan(m: int, n: int, k: int, blocksize: int, sms: int):
-    """(BLOCK_N, BLOCK_W, SPLIT_K) for the decode GEMV: split-K when the rows alone would not give every SM
-    two programs."""
-    block_n, block_w = 16, 32
+    """(BLOCK_N, NG, SPLIT_K) for the decode GEMV: ~256 bytes of each row per step, split-K when the
+    rows alone would not give every SM two programs."""
+    g = group_elems(k, blocksize)
+    block_n = 16  # H200 sweep (NOTES.md): 16 rows x 256 bytes per step was best at every N tried
+    ng = max(1, min(256 // (g // 2), triton.next_power_of_2(k // g + 1) // 2))
     programs = triton.cdiv(n, block_n)
-    chunks = triton.cdiv(k // 8, block_w)
+    chunks = triton.cdiv(k // 2, ng * g // 2)
     split_k = 1 if programs >= 2 * sms else max(1, min(chunks, (2 * sms) // programs))
-    return block_n, block_w, split_k
+    return block_n, ng, split_k
 
 
 def launch_gemv(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
-                bias, y, block_n, block_w, split_k, num_warps=4, interpret=False):
-    """y[M, N] for M <= 4; with split_k > 1, ``y`` is a zeroed float32 buffer and the bias is not added.
-    Needs K % 8 == 0 and every group of 8 codes inside one quantization block (``group_elems`` >= 16)."""
+                bias, y, block_n, ng, split_k, num_warps=4, interpret=False):
+    """y[M, N] for M <= 4; with split_k > 1, ``y`` is a zeroed float32 buffer and the bias is not added."""
     m = x2d.shape[0]
     nested = nested_code is not None
     gemv_kernel[(triton.cdiv(n, block_n), split_k)](
-        x2d, packed.view(torch.int32), absmax, code, nested_code if nested else code,
-        nested_absmax if nested else absmax, offset if nested else code, bias if bias is not None else code, y,
+        x2d, packed, absmax, code, nested_code if nested else code, nested_absmax if nested else absmax,
+        offset if nested else code, bias if bias is not None else code, y,
         n, k, x2d.stride(0), y.stride(0),
-        M=m, MP=triton.next_power_of_2(m), BLOCKSIZE=blocksize, NESTED=nested, NESTED_BLOCKSIZE=nested_blocksize,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_W=block_w, SPLIT_K=split_k, INT64=(n * k >= 2**31),
-        INTERPRET=interpret, num_warps=num_warps,
+        M=m, MP=triton.next_power_of_2(m), BLOCKSIZE=blocksize, G=group_elems(k, blocksize), NESTED=nested,
+        NESTED_BLOCKSIZE=nested_blocksize, HAS_BIAS=bias is not None, BLOCK_N=block_n, NG=ng, SPLIT_K=split_k,
+        INT64=(n * k >= 2**31), INTERPRET=interpret, num_warps=num_warps,
     )
 
 

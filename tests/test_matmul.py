@@ -1,0 +1,95 @@
+"""fastnf4.linear: every kernel path (GEMV, tensor-core GEMM, dequantize + matmul) against a float64
+reference, with the error bound of the issue: at most 2x the error of a dense matmul on the dequantized
+weight in the same dtype. On CPU the Triton kernels run in the interpreter, on small shapes."""
+import pytest
+import torch
+
+import fastnf4
+from fastnf4 import _triton
+from fastnf4.codebooks import kernel_code
+from fastnf4.ops.matmul import dispatch
+
+PATHS = ["gemv", "gemm", "dequant+matmul"]
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def run_path(x, q, bias, path):
+    n, k = q.shape
+    return dispatch.linear_triton(x, q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k,
+                                  q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize, bias, path=path,
+                                  manual_bf16=_triton.interpreter_enabled())
+
+
+needs_triton = pytest.mark.skipif(not _triton.use_triton(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
+
+
+@needs_triton
+@pytest.mark.parametrize("path, m", [(p, m) for p in PATHS for m in (1, 3, 17) if not (p == "gemv" and m > 4)])
+@pytest.mark.parametrize("n, k, blocksize, nested", [
+    (64, 256, 64, True), (72, 192, 64, False),  # N not a multiple of the tile, K not a multiple of 128
+    (40, 128, 4096, True), (48, 96, 32, False),  # blocks spanning rows; odd group counts
+])
+def test_paths_match_reference(path, m, n, k, blocksize, nested, rng):
+    w = torch.randn(n, k, generator=rng) * 0.05
+    q = fastnf4.quantize(w.to(torch.bfloat16), blocksize=blocksize, double_quant=nested)
+    x = torch.randn(m, k, generator=rng).to(torch.bfloat16)
+    bias = (torch.randn(n, generator=rng) * 0.1).to(torch.bfloat16)
+    wd = fastnf4.dequantize(q)  # bf16, exactly what cuBLAS would be given
+    ref = x.double() @ wd.double().T + bias.double()
+    yardstick = rel_err(torch.nn.functional.linear(x, wd, bias), ref)
+    y = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    y.copy_(run_path(x, q, bias, path))
+    assert not torch.isnan(y).any()
+    assert rel_err(y, ref) <= 2 * yardstick, (rel_err(y, ref), yardstick)
+
+
+@needs_triton
+def test_public_linear_shapes_dtypes_and_fallback(rng):
+    w = torch.randn(40, 96, generator=rng) * 0.05
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        q = fastnf4.quantize(w.to(dtype), double_quant=True)
+        x = torch.randn(2, 3, 96, generator=rng).to(dtype)
+        y = fastnf4.linear(x, q)
+        assert y.shape == (2, 3, 40) and y.dtype == dtype
+        ref = x.double() @ fastnf4.dequantize(q, dtype=torch.float32).double().T
+        assert rel_err(y, ref) < (2e-5 if dtype == torch.float32 else 1e-2)
+    # K = 100: no power-of-two group of 16 divides it -> dequantize + matmul
+    q = fastnf4.quantize(torch.randn(8, 100, generator=rng), blocksize=64, double_quant=False)
+    assert dispatch.choose_path(1, 8, 100, 64) == "dequant+matmul"
+    x = torch.randn(1, 100, generator=rng)
+    ref = x.double() @ fastnf4.dequantize(q).double().T
+    assert rel_err(fastnf4.linear(x, q), ref) < 1e-5
+
+
+def test_dispatch_table():
+    assert dispatch.choose_path(1, 8192, 8192, 64) == "gemv"
+    assert dispatch.choose_path(16, 8192, 8192, 64) == "gemm"
+    assert dispatch.choose_path(16, 1024, 8192, 64) == "dequant+matmul"
+    assert dispatch.choose_path(512, 8192, 8192, 64) == "dequant+matmul"
+
+
+def test_linear_errors():
+    q = fastnf4.quantize(torch.randn(8, 64))
+    with pytest.raises(ValueError, match="K=64"):
+        fastnf4.linear(torch.randn(2, 32), q)
+    with pytest.raises(TypeError, match="bias dtype"):
+        fastnf4.linear(torch.randn(2, 64), q, torch.zeros(8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="2-D weight"):
+        fastnf4.linear(torch.randn(2, 64), fastnf4.quantize(torch.randn(512)))
+    with pytest.raises(TypeError, match="x must be"):
+        fastnf4.linear(torch.randn(2, 64).to(torch.int32), q)
+
+
+def test_linear_op_contract_and_compile(rng):
+    from fastnf4 import _ops
+
+    q = fastnf4.quantize(torch.randn(24, 64, generator=rng).to(torch.bfloat16), double_quant=True)
+    x = torch.randn(3, 64, generator=rng).to(torch.bfloat16)
+    args = (x, q.packed_u8, q.absmax, kernel_code("nf4", x.device), 64, 24, 64, q.nested_code, q.nested_absmax,
+            q.offset, 256, None)
+    torch.library.opcheck(_ops.linear, args)
+    f = torch.compile(lambda x, q: fastnf4.linear(x, q) * 2, fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(x, q), fastnf4.linear(x, q) * 2)
