@@ -5,12 +5,13 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 | M                         | path                                      |
 |---------------------------|-------------------------------------------|
 | 1 .. 4                    | fused GEMV (``gemv_kernel``)              |
-| 5 .. 64, N >= 4096        | fused tensor-core GEMM (``gemm_kernel``)  |
+| 5 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)  |
 | otherwise                 | fastnf4 dequantize + cuBLAS               |
 
-From the H200 sweep (benchmarks/results/h200-matmul-sweep.json): the fused GEMM beats dequantize + cuBLAS
-at M = 16 on 8192x8192 (57 vs 82 us) and 57344x8192 (340 vs ~530 us) but not on 1024x8192 (21 vs 15 us),
-and at M = 128 it is no better than dequantize + cuBLAS.
+From the H200 runs (benchmarks/results/h200-matmul*.json): at M = 8-16 the fused GEMM beats dequantize +
+cuBLAS on the wide weights (Gemma gate_up 191 vs 264 us, gate+up 99 vs 137 us, qkv 51 vs 55 us) and loses on
+narrow or deep ones (down 195 vs 138 us, o 35 vs 27 us, k+v); at M = 32-64 its untuned larger tiles lose
+more often than they win; at M >= 128 dequantize + cuBLAS is as fast or faster.
 
 Shapes the fused kernels do not cover (K without a power-of-two factor of 16 shared with the blocksize)
 take dequantize + matmul at every M.
@@ -25,8 +26,8 @@ from ..dequantize import kernel as dq_kernel
 from . import kernel
 
 GEMV_MAX_M = 4
-FUSED_GEMM_MAX_M = 64
-FUSED_GEMM_MIN_N = 4096
+FUSED_GEMM_MAX_M = 16
+FUSED_GEMM_MIN_N = 8192
 
 
 @functools.cache
