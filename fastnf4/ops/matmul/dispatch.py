@@ -4,14 +4,15 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M                         | path                                      |
 |---------------------------|-------------------------------------------|
-| 1 .. 4                    | fused GEMV (``gemv_kernel``)              |
+| 1 .. 2                    | fused GEMV (``gemv_kernel``)              |
 | 5 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)  |
 | otherwise                 | fastnf4 dequantize + cuBLAS               |
 
 From the H200 runs (benchmarks/results/h200-matmul*.json): at M = 8-16 the fused GEMM beats dequantize +
 cuBLAS on the wide weights (Gemma gate_up 191 vs 264 us, gate+up 99 vs 137 us, qkv 51 vs 55 us) and loses on
 narrow or deep ones (down 195 vs 138 us, o 35 vs 27 us, k+v); at M = 32-64 its untuned larger tiles lose
-more often than they win; at M >= 128 dequantize + cuBLAS is as fast or faster.
+more often than they win; at M >= 128 dequantize + cuBLAS is as fast or faster. The GEMV decodes every weight
+once per step for all M rows but its cost grows with M; at M = 4 it is slower than dequantize + cuBLAS.
 
 Shapes the fused kernels do not cover (K without a power-of-two factor of 16 shared with the blocksize)
 take dequantize + matmul at every M.
@@ -25,7 +26,7 @@ import torch
 from ..dequantize import kernel as dq_kernel
 from . import kernel
 
-GEMV_MAX_M = 4
+GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
 
