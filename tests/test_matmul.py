@@ -66,7 +66,8 @@ def test_public_linear_shapes_dtypes_and_fallback(rng):
 
 def test_dispatch_table():
     assert dispatch.choose_path(1, 8192, 8192, 64) == "gemv"
-    assert dispatch.choose_path(4, 8192, 8192, 64) == "dequant+matmul"
+    assert dispatch.choose_path(4, 8192, 8192, 64) == "gemm"
+    assert dispatch.choose_path(4, 5120, 8192, 64) == "dequant+matmul"
     assert dispatch.choose_path(16, 8192, 8192, 64) == "gemm"
     assert dispatch.choose_path(16, 5376, 21504, 64) == "dequant+matmul"
     assert dispatch.choose_path(32, 57344, 8192, 64) == "dequant+matmul"

@@ -5,7 +5,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 | M                         | path                                      |
 |---------------------------|-------------------------------------------|
 | 1 .. 2                    | fused GEMV (``gemv_kernel``)              |
-| 5 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)  |
+| 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)  |
 | otherwise                 | fastnf4 dequantize + cuBLAS               |
 
 From the H200 runs (benchmarks/results/h200-matmul*.json): at M = 8-16 the fused GEMM beats dequantize +
