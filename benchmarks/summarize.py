@@ -38,8 +38,26 @@ def quantize(d):
               f"{min(r['bnb_us'] for r in rs):.0f} | {min(s):.2f}-{max(s):.2f} | {all(r['exact'] for r in rs)} |")
 
 
+def matmul(d):
+    print(f"`fastnf4 bench matmul` on {d['env']['gpu']} (commit {d['env']['commit']}); bf16 x, NF4 double-quant weights, "
+          "graph timing. Over every weight of at least 8 MB packed (all shapes but k/v): range of the speedup of "
+          "fastnf4 `linear` over bitsandbytes `matmul_4bit` and over bf16 cuBLAS on the unquantized weight, "
+          "and fastnf4's share of the NF4 byte floor.\n")
+    by_m = defaultdict(list)
+    for r in d["rows"]:
+        if r["nf4_mb"] >= 8:
+            by_m[r["M"]].append(r)
+    print("| M | path(s) | vs bitsandbytes | vs cuBLAS bf16 | % of NF4 byte floor | error / cuBLAS-on-dequantized error |")
+    print("|---|---|---|---|---|---|")
+    for m, rs in sorted(by_m.items()):
+        paths = ", ".join(sorted({r["path"] for r in rs}))
+        f = lambda key: f"{min(r[key] for r in rs):.2f}-{max(r[key] for r in rs):.2f}"  # noqa: E731
+        print(f"| {m} | {paths} | {f('vs_bnb')} | {f('vs_cublas')} | {min(r['fastnf4_pct_floor'] for r in rs):.0f}-"
+              f"{max(r['fastnf4_pct_floor'] for r in rs):.0f} | {f('err_ratio')} |")
+
+
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         d = json.load(open(path))
-        {"dequant": dequant, "quantize": quantize}[d["benchmark"]](d)
+        {"dequant": dequant, "quantize": quantize, "matmul": matmul}[d["benchmark"]](d)
         print()
