@@ -9,5 +9,6 @@ __version__ = "0.1.0"
 from . import _ops  # noqa: F401  (registers the fastnf4:: custom ops)
 from .api import dequantize, linear, quantize
 from .format import NF4Weight
+from .integrations.bitsandbytes import patch_bitsandbytes, unpatch_bitsandbytes
 
-__all__ = ["NF4Weight", "dequantize", "linear", "quantize", "__version__"]
+__all__ = ["NF4Weight", "dequantize", "linear", "patch_bitsandbytes", "quantize", "unpatch_bitsandbytes", "__version__"]

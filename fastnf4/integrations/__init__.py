@@ -1,0 +1,1 @@
+"""Thin integrations with other libraries (bitsandbytes today)."""

@@ -1,0 +1,188 @@
+"""Run bitsandbytes' 4-bit ops on fastnf4 kernels, with no change to the code that calls them.
+
+``patch_bitsandbytes()`` registers, for each bitsandbytes op fastnf4 covers, an implementation at the
+``Autograd<Device>`` dispatch key, which sits in front of bitsandbytes' own device kernels. It handles the
+calls fastnf4's kernels cover (and that are faster there) and hands every other call on to bitsandbytes'
+original kernel through a redispatch below that key, so nothing becomes an error. ``unpatch_bitsandbytes()``
+removes the registrations. Calls routed to fastnf4 are counted in ``CALLS`` (tests use it).
+
+Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
+
+* ``dequantize_4bit`` and ``dequantize_4bit.out``: every blocksize, nf4 and fp4, any quant_storage; bit-exact.
+* ``quantize_4bit``: fp16/bf16/fp32 input, any quant_storage; bit-exact (packed bytes and absmax).
+* ``gemm_4bit`` (0.50): M >= 4 rows, double quant or not, bias; at M < 4 bitsandbytes' own GEMV is faster than
+  fastnf4's today (benchmarks/results/h200-matmul.json), so those calls stay with bitsandbytes.
+* ``gemv_4bit`` is not taken over, for the same reason.
+
+When fastnf4 and bitsandbytes are installed together, bitsandbytes loads the entry point
+``bitsandbytes.backends: fastnf4`` after registering its own ops, which calls :func:`autopatch` (CUDA only).
+Set ``FASTNF4_PATCH_BITSANDBYTES=0`` to turn that off.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+
+import torch
+
+CALLS: Counter = Counter()
+GEMM_MIN_M = 4
+_state: dict = {"lib": None, "devices": ()}
+
+
+def _op(name: str):
+    base, _, overload = name.partition(".")
+    packet = getattr(torch.ops.bitsandbytes, base)
+    return getattr(packet, overload or "default")
+
+
+def _fallback(name, keyset, *args):
+    return _op(name).redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.reshape(-1)
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def _dequant_covered(A, absmax, blocksize, quant_type, numel, dtype) -> bool:
+    from fastnf4.codebooks import BLOCKSIZES, QUANT_TYPES
+
+    return (
+        blocksize in BLOCKSIZES and quant_type in QUANT_TYPES and dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and absmax.dtype == torch.float32 and absmax.is_contiguous() and absmax.device == A.device
+        and absmax.numel() == -(-numel // blocksize) and A.is_contiguous()
+        and A.numel() * A.element_size() == (numel + 1) // 2
+    )
+
+
+def _dequantize_4bit(keyset, A, absmax, blocksize, quant_type, shape, dtype):
+    numel = math.prod(shape)
+    if not _dequant_covered(A, absmax, blocksize, quant_type, numel, dtype):
+        return _fallback("dequantize_4bit", keyset, A, absmax, blocksize, quant_type, shape, dtype)
+    from fastnf4 import _ops
+    from fastnf4.codebooks import kernel_code
+
+    CALLS["dequantize_4bit"] += 1
+    flat = _ops.dequantize_4bit(_as_bytes(A), absmax, kernel_code(quant_type, A.device), blocksize, numel, dtype,
+                                None, None, None, 256)
+    return flat.view(shape)
+
+
+def _dequantize_4bit_out(keyset, A, absmax, blocksize, quant_type, shape, dtype, out):
+    numel = math.prod(shape)
+    if not (_dequant_covered(A, absmax, blocksize, quant_type, numel, dtype) and out.dtype == dtype
+            and out.is_contiguous() and tuple(out.shape) == tuple(shape) and out.device == A.device):
+        return _fallback("dequantize_4bit.out", keyset, A, absmax, blocksize, quant_type, shape, dtype, out)
+    from fastnf4 import _ops
+    from fastnf4.codebooks import kernel_code
+
+    CALLS["dequantize_4bit.out"] += 1
+    _ops.dequantize_4bit_out(_as_bytes(A), absmax, kernel_code(quant_type, A.device), blocksize, numel,
+                             None, None, None, 256, out.view(-1))
+
+
+def _quantize_4bit(keyset, A, blocksize, quant_type, quant_storage):
+    from fastnf4.codebooks import BLOCKSIZES, QUANT_TYPES
+
+    n = A.numel()
+    itemsize = torch.empty((), dtype=quant_storage).element_size()
+    if not (blocksize in BLOCKSIZES and quant_type in QUANT_TYPES and A.is_contiguous()
+            and A.dtype in (torch.float16, torch.bfloat16, torch.float32) and ((n + 1) // 2) % itemsize == 0):
+        return _fallback("quantize_4bit", keyset, A, blocksize, quant_type, quant_storage)
+    from fastnf4 import _ops
+
+    CALLS["quantize_4bit"] += 1
+    packed, absmax = _ops.quantize_4bit(A, blocksize, quant_type)
+    return packed.view(quant_storage).view(-1, 1), absmax
+
+
+def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset) -> bool:
+    if len(shapeB) != 2 or A.dim() == 0 or A.shape[-1] != shapeB[1]:
+        return False
+    n, k = shapeB
+    if A.numel() // k < GEMM_MIN_M or A.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if bias is not None and (bias.dtype != A.dtype or tuple(bias.shape) != (n,)):
+        return False
+    if absmax_8bit is None:
+        return _dequant_covered(B, absmax, blocksize, quant_type, n * k, A.dtype)
+    nblocks = -(-(n * k) // blocksize)
+    return (
+        _dequant_covered(B, torch.empty(nblocks, dtype=torch.float32, device=B.device), blocksize, quant_type, n * k, A.dtype)
+        and absmax_8bit.dtype == torch.uint8 and absmax_8bit.numel() == nblocks
+        and absmax.dtype == torch.float32 and absmax.numel() == -(-nblocks // 256)
+        and absmax_code is not None and absmax_code.dtype == torch.float32 and absmax_code.numel() == 256
+        and absmax_offset is not None and absmax_offset.dtype == torch.float32 and absmax_offset.numel() == 1
+    )
+
+
+def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
+               absmax_offset=None):
+    args = (A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
+    if not _gemm_covered(*args):
+        return _fallback("gemm_4bit", keyset, *args)
+    from fastnf4 import _ops
+    from fastnf4.codebooks import kernel_code
+
+    CALLS["gemm_4bit"] += 1
+    n, k = shapeB
+    nested = absmax_8bit is not None
+    return _ops.linear(
+        A, _as_bytes(B), absmax_8bit if nested else absmax, kernel_code(quant_type, A.device), blocksize, n, k,
+        absmax_code if nested else None, absmax if nested else None,
+        absmax_offset.reshape(()) if nested else None, 256, bias,
+    )
+
+
+_IMPLS = {
+    "dequantize_4bit": _dequantize_4bit,
+    "dequantize_4bit.out": _dequantize_4bit_out,
+    "quantize_4bit": _quantize_4bit,
+    "gemm_4bit": _gemm_4bit,
+}
+
+
+def _has_op(name: str) -> bool:
+    try:
+        _op(name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",)) -> list[str]:
+    """Route bitsandbytes' 4-bit ops on ``device_types`` to fastnf4; returns the op names taken over.
+    Calling it again replaces the previous patch."""
+    import bitsandbytes  # noqa: F401  (defines the ops; inside bitsandbytes' own import this is a no-op)
+
+    unpatch_bitsandbytes()
+    lib = torch.library.Library("bitsandbytes", "FRAGMENT")
+    taken = []
+    for name, fn in _IMPLS.items():
+        if not _has_op(name):
+            continue
+        for dev in device_types:
+            lib.impl(name, fn, "Autograd" + {"cuda": "CUDA", "cpu": "CPU"}[dev], with_keyset=True)
+        taken.append(name)
+    _state.update(lib=lib, devices=tuple(device_types))
+    return taken
+
+
+def unpatch_bitsandbytes() -> None:
+    """Remove fastnf4's registrations; bitsandbytes' own kernels handle every call again."""
+    lib = _state["lib"]
+    if lib is not None:
+        lib._destroy()
+    _state.update(lib=None, devices=())
+
+
+def is_patched() -> bool:
+    return _state["lib"] is not None
+
+
+def autopatch() -> None:
+    """Entry point bitsandbytes calls at import (group ``bitsandbytes.backends``)."""
+    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "1") != "0":
+        patch_bitsandbytes(("cuda",))

@@ -1,0 +1,92 @@
+"""patch_bitsandbytes: bitsandbytes' own API runs on fastnf4 kernels (counted), with the same results, and
+calls fastnf4 does not cover fall through to bitsandbytes. On CPU the patch is applied to the CPU kernels
+(the fastnf4 side then runs in Triton's interpreter); tests/gpu/test_bnb_patch_gpu.py does it on CUDA."""
+import pytest
+import torch
+
+import fastnf4
+from fastnf4 import _triton
+from helpers import bits
+
+bnb = pytest.importorskip("bitsandbytes")
+F = pytest.importorskip("bitsandbytes.functional")
+from fastnf4.integrations import bitsandbytes as integ  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _triton.use_triton(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def patched():
+    taken = fastnf4.patch_bitsandbytes(("cpu",))
+    integ.CALLS.clear()
+    yield taken
+    fastnf4.unpatch_bitsandbytes()
+
+
+def test_patch_covers_the_4bit_ops(patched):
+    assert {"dequantize_4bit", "dequantize_4bit.out", "quantize_4bit"} <= set(patched)
+    assert integ.is_patched()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_bnb_api_runs_on_fastnf4_with_identical_results(nested, rng):
+    w = (torch.randn(96, 128, generator=rng) * 0.05).to(torch.bfloat16)
+    x = torch.randn(6, 128, generator=rng).to(torch.bfloat16)
+    p0, qs0 = F.quantize_4bit(w, blocksize=64, compress_statistics=nested, quant_type="nf4")
+    d0 = F.dequantize_4bit(p0, qs0)
+    y0 = bnb.matmul_4bit(x, p0.t(), quant_state=qs0)
+    fastnf4.patch_bitsandbytes(("cpu",))
+    integ.CALLS.clear()
+    try:
+        p1, qs1 = F.quantize_4bit(w, blocksize=64, compress_statistics=nested, quant_type="nf4")
+        d1 = F.dequantize_4bit(p1, qs1)
+        out = torch.empty_like(d1)
+        F.dequantize_4bit(p1, qs1, out=out)
+        y1 = bnb.matmul_4bit(x, p1.t(), quant_state=qs1)
+        calls = dict(integ.CALLS)
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+    assert calls.get("quantize_4bit") == 1 and calls.get("dequantize_4bit") == 1
+    assert calls.get("dequantize_4bit.out") == 1
+    assert torch.equal(p1, p0) and torch.equal(bits(d1), bits(d0)) and torch.equal(bits(out), bits(d0))
+    ref = x.double() @ d0.double().T
+    err0 = ((y0.double() - ref).norm() / ref.norm()).item()
+    err1 = ((y1.double() - ref).norm() / ref.norm()).item()
+    assert err1 <= 2 * err0 + 1e-6
+    if hasattr(torch.ops.bitsandbytes, "gemm_4bit"):
+        assert calls.get("gemm_4bit") == 1
+
+
+def test_uncovered_calls_fall_through_to_bitsandbytes(patched, rng):
+    w = (torch.randn(32, 64, generator=rng) * 0.05).to(torch.bfloat16)
+    p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    integ.CALLS.clear()
+    x = torch.randn(1, 64, generator=rng).to(torch.bfloat16)  # M = 1: bitsandbytes keeps it
+    y = bnb.matmul_4bit(x, p.t(), quant_state=qs)
+    assert integ.CALLS["gemm_4bit"] == 0
+    ref = x.double() @ F.dequantize_4bit(p, qs).double().T
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+    # statistics in a dtype fastnf4 does not take (float16 absmax) go to bitsandbytes' kernel as they are
+    absmax16 = qs.absmax.half()
+    integ.CALLS.clear()
+    got = torch.ops.bitsandbytes.dequantize_4bit(p, absmax16, 64, "nf4", [32, 64], torch.bfloat16)
+    assert integ.CALLS["dequantize_4bit"] == 0
+    fastnf4.unpatch_bitsandbytes()
+    want = torch.ops.bitsandbytes.dequantize_4bit(p, absmax16, 64, "nf4", [32, 64], torch.bfloat16)
+    assert torch.equal(bits(got), bits(want))
+
+
+def test_unpatch_restores_bitsandbytes(rng):
+    fastnf4.patch_bitsandbytes(("cpu",))
+    fastnf4.unpatch_bitsandbytes()
+    integ.CALLS.clear()
+    w = torch.randn(16, 64, generator=rng)
+    p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    F.dequantize_4bit(p, qs)
+    assert sum(integ.CALLS.values()) == 0 and not integ.is_patched()
+
+
+def test_autopatch_switch(monkeypatch):
+    monkeypatch.setenv("FASTNF4_PATCH_BITSANDBYTES", "0")
+    integ.autopatch()
+    assert not integ.is_patched()
