@@ -1,0 +1,105 @@
+"""``Linear4bit`` and ``quantize_model``: NF4 linear layers without bitsandbytes.
+
+``Linear4bit`` keeps one :class:`~fastnf4.format.NF4Weight` and computes ``fastnf4.linear``. Its state dict
+uses exactly the keys and tensors of bitsandbytes' ``Linear4bit`` (``weight``, ``weight.absmax``, ...,
+``bias``), so a model saved from fastnf4 loads in transformers + bitsandbytes and the reverse.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable
+
+import torch
+
+from .api import linear, quantize
+from .format import NF4Weight
+
+
+class Linear4bit(torch.nn.Module):
+    """``y = x @ dequant(W).T + b`` with W stored as NF4 (bitsandbytes layout)."""
+
+    def __init__(self, weight: NF4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None):
+        super().__init__()
+        if len(weight.shape) != 2:
+            raise ValueError(f"Linear4bit needs a 2-D weight, got shape {tuple(weight.shape)}")
+        self.weight_nf4 = weight
+        self.out_features, self.in_features = weight.shape
+        self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.compute_dtype = compute_dtype
+
+    @classmethod
+    def from_linear(cls, layer: torch.nn.Linear, blocksize: int = 64, double_quant: bool = True,
+                    quant_type: str = "nf4", compute_dtype: torch.dtype | None = None) -> "Linear4bit":
+        """Quantize ``layer.weight`` where it lies (quantize on the GPU by moving the layer there first)."""
+        w = layer.weight.detach()
+        q = quantize(w.contiguous(), blocksize=blocksize, double_quant=double_quant, quant_type=quant_type)
+        bias = layer.bias.detach() if layer.bias is not None else None
+        return cls(q, bias, compute_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.compute_dtype or x.dtype
+        bias = self.bias.to(dtype) if self.bias is not None and self.bias.dtype != dtype else self.bias
+        return linear(x.to(dtype), self.weight_nf4, bias)
+
+    def extra_repr(self) -> str:
+        q = self.weight_nf4
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"quant_type={q.quant_type}, blocksize={q.blocksize}, double_quant={q.nested}")
+
+    def _apply(self, fn, recurse=True):  # moves the NF4 tensors with .to()/.cuda() (dtype casts do not apply)
+        super()._apply(fn, recurse)
+        q = self.weight_nf4
+        moved = {k: getattr(q, k) for k in ("packed", "absmax", "code", "nested_absmax", "nested_code", "offset")}
+        probe = fn(torch.empty(0))
+        for k, t in moved.items():
+            if t is not None and t.device != probe.device:
+                setattr(q, k, t.to(probe.device))
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination.update(self.weight_nf4.state_dict(prefix))
+        if self.bias is not None:
+            destination[f"{prefix}bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        if f"{prefix}weight" not in state_dict:
+            missing_keys.append(f"{prefix}weight")
+            return
+        device = self.weight_nf4.device
+        self.weight_nf4 = NF4Weight.from_state_dict(state_dict, prefix, device=device)
+        self.out_features, self.in_features = self.weight_nf4.shape
+        if self.bias is not None:
+            if f"{prefix}bias" in state_dict:
+                self.bias.data = state_dict[f"{prefix}bias"].to(device=device, dtype=self.bias.dtype)
+            else:
+                missing_keys.append(f"{prefix}bias")
+        own = set(self.weight_nf4.state_dict(prefix)) | {f"{prefix}bias"}
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in own)
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(name == p or name.endswith("." + p) or re.fullmatch(p, name) for p in patterns)
+
+
+DEFAULT_SKIP = ("lm_head",)
+
+
+def quantize_model(model: torch.nn.Module, skip: Iterable[str] = DEFAULT_SKIP, blocksize: int = 64,
+                   double_quant: bool = True, quant_type: str = "nf4", compute_dtype: torch.dtype | None = None,
+                   filter_fn: Callable[[str, torch.nn.Linear], bool] | None = None) -> torch.nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`Linear4bit`, except those whose
+    name matches ``skip`` (a module name, a name suffix or a regular expression; transformers keeps
+    ``lm_head`` unquantized) or that ``filter_fn(name, module)`` rejects. Each layer is quantized on its
+    own device, one at a time. Returns ``model``."""
+    skip = tuple(skip)
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if type(child) is not torch.nn.Linear or _matches(full, skip):
+                continue
+            if filter_fn is not None and not filter_fn(full, child):
+                continue
+            setattr(module, child_name, Linear4bit.from_linear(child, blocksize, double_quant, quant_type, compute_dtype))
+            del child
+    return model

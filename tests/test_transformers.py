@@ -1,0 +1,110 @@
+"""fastnf4 layers in transformers models: swap, load while quantizing, save/load bnb-4bit checkpoints (no
+bitsandbytes needed), torch.compile. Tiny configs on CPU (Triton interpreter)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fastnf4
+from fastnf4.nn import Linear4bit, quantize_model
+from helpers import bits
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+from fastnf4.integrations.transformers import load_and_quantize, load_quantized, save_quantized  # noqa: E402
+
+
+def tiny_llama(seed=0):
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits.float()
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = tiny_llama()
+    model.save_pretrained(tmp_path / "bf16")
+    return model, str(tmp_path / "bf16")
+
+
+def test_quantize_model_swaps_every_linear_but_lm_head():
+    model = quantize_model(tiny_llama())
+    assert sum(isinstance(m, Linear4bit) for m in model.modules()) == 14
+    assert type(model.lm_head) is torch.nn.Linear
+    # each layer computes x @ dequantize(W).T within the matmul error bound
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(5, layer.in_features).to(torch.bfloat16)
+    wd = fastnf4.dequantize(layer.weight_nf4)
+    ref = x.double() @ wd.double().T
+    err = lambda y: ((y.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+    assert err(layer(x)) <= 2 * err(torch.nn.functional.linear(x, wd))
+
+
+def test_load_and_quantize_equals_quantizing_the_loaded_model(checkpoint):
+    model, path = checkpoint
+    q = load_and_quantize(path, device="cpu")
+    ref = quantize_model(tiny_llama())
+    for (n, a), (_, b) in zip(q.named_modules(), ref.named_modules()):
+        if isinstance(a, Linear4bit):
+            assert isinstance(b, Linear4bit) and torch.equal(a.weight_nf4.packed, b.weight_nf4.packed), n
+    sq, sr = q.state_dict(), ref.state_dict()
+    assert sq.keys() == sr.keys()
+    for k in sq:
+        assert sq[k].dtype == sr[k].dtype and torch.equal(sq[k], sr[k]), k
+
+
+def test_save_and_load_round_trip(checkpoint, tmp_path):
+    _, path = checkpoint
+    q = load_and_quantize(path, device="cpu")
+    save_quantized(q, str(tmp_path / "nf4"))
+    cfg = transformers.AutoConfig.from_pretrained(str(tmp_path / "nf4"))
+    qc = cfg.quantization_config if isinstance(cfg.quantization_config, dict) else cfg.quantization_config.to_dict()
+    assert qc["quant_method"] == "bitsandbytes" and qc["load_in_4bit"] and qc["bnb_4bit_quant_type"] == "nf4"
+    q2 = load_quantized(str(tmp_path / "nf4"), device="cpu")
+    ids = torch.randint(0, 96, (1, 9))
+    assert torch.equal(logits(q2, ids), logits(q, ids))
+
+
+def test_saved_layers_read_back_by_bitsandbytes(checkpoint, tmp_path):
+    F = pytest.importorskip("bitsandbytes.functional")
+    from safetensors.torch import load_file
+
+    _, path = checkpoint
+    q = load_and_quantize(path, device="cpu")
+    save_quantized(q, str(tmp_path / "nf4"))
+    sd = load_file(str(tmp_path / "nf4" / "model.safetensors"))
+    prefix = "model.layers.1.self_attn.o_proj.weight"
+    qs = F.QuantState.from_dict({k[len(prefix) + 1:]: v for k, v in sd.items() if k.startswith(prefix + ".")}, "cpu")
+    theirs = F.dequantize_4bit(sd[prefix], qs)
+    ours = fastnf4.dequantize(q.model.layers[1].self_attn.o_proj.weight_nf4)
+    assert torch.equal(bits(theirs), bits(ours))
+
+
+def test_load_quantized_needs_no_bitsandbytes(checkpoint, tmp_path):
+    _, path = checkpoint
+    save_quantized(load_and_quantize(path, device="cpu"), str(tmp_path / "nf4"))
+    code = ("import sys; sys.modules['bitsandbytes'] = None\n"
+            "import torch\n"
+            "from fastnf4.integrations.transformers import load_quantized\n"
+            f"m = load_quantized({str(tmp_path / 'nf4')!r}, device='cpu')\n"
+            "print(type(m.model.layers[0].mlp.up_proj).__name__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ}, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().endswith("Linear4bit")
+
+
+def test_compiled_forward_has_no_graph_break():
+    model = quantize_model(tiny_llama())
+    layer = model.model.layers[0].mlp
+    x = torch.randn(1, 3, 64).to(torch.bfloat16)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(x), layer(x))
