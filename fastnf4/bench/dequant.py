@@ -5,7 +5,8 @@ import torch
 
 import fastnf4
 from fastnf4.bench.common import bnb_functional, clone_weight, make_weight
-from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_both, time_cuda
+from fastnf4.bench.harness import (copy_bandwidth, dtype_nested_configs, format_table, progress, rotation_count,
+                                    selected_shapes, time_both, time_cuda)
 from fastnf4.bench.registry import register
 
 
@@ -27,10 +28,7 @@ def add_timing(row: dict, provider: str, t: dict, moved: int, copy: dict) -> Non
 def run(opts) -> dict:
     F = bnb_functional()
     copy = copy_bandwidth()
-    shapes = model_shapes()
-    if opts.models:
-        shapes = [s for s in shapes if s[0] in opts.models]
-    configs = [(s, dt, nested) for s in shapes for dt in (torch.bfloat16, torch.float16) for nested in (False, True)]
+    configs = dtype_nested_configs(selected_shapes(opts.models))
     rows = []
     for (model, layer, n, k), dtype, nested in progress(configs, desc="dequant"):
         q, bnb = make_weight(n, k, nested, opts.blocksize, seed=len(rows))

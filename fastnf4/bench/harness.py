@@ -18,7 +18,7 @@ import platform
 import statistics
 import subprocess
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -154,6 +154,17 @@ def model_shapes() -> list[tuple[str, str, int, int]]:
                 seen.setdefault((n, k), []).append(layer.removesuffix("_proj"))
         rows += [(model, "+".join(names), n, k) for (n, k), names in seen.items()]
     return rows
+
+
+def selected_shapes(models: Iterable[str] | None) -> list[tuple[str, str, int, int]]:
+    """``model_shapes()``, restricted to ``models`` when given (the ``--models`` option)."""
+    shapes = model_shapes()
+    return [s for s in shapes if s[0] in models] if models else shapes
+
+
+def dtype_nested_configs(shapes):
+    """Every shape x (bf16, fp16) x (double quant off, on): the dequant and quantize benchmark grid."""
+    return [(s, dt, nested) for s in shapes for dt in (torch.bfloat16, torch.float16) for nested in (False, True)]
 
 
 def format_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:

@@ -12,7 +12,7 @@ import torch
 import fastnf4
 import fastnf4.ops.matmul.dispatch
 from fastnf4.bench.common import bnb_functional, clone_weight
-from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_graph
+from fastnf4.bench.harness import copy_bandwidth, format_table, progress, rotation_count, selected_shapes, time_graph
 from fastnf4.bench.registry import register
 
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048)
@@ -35,9 +35,7 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 def run(opts) -> dict:
     F = bnb_functional()
     copy = copy_bandwidth()
-    shapes = model_shapes()
-    if opts.models:
-        shapes = [s for s in shapes if s[0] in opts.models]
+    shapes = selected_shapes(opts.models)
     ms = tuple(opts.m) if getattr(opts, "m", None) else M_VALUES
     rows = []
     for model, layer, n, k in progress(shapes, desc="matmul"):

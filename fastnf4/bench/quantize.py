@@ -7,7 +7,8 @@ import torch
 import fastnf4
 from fastnf4.bench.common import bnb_functional
 from fastnf4.bench.dequant import add_timing
-from fastnf4.bench.harness import copy_bandwidth, format_table, model_shapes, progress, rotation_count, time_cuda
+from fastnf4.bench.harness import (copy_bandwidth, dtype_nested_configs, format_table, progress, rotation_count,
+                                    selected_shapes, time_cuda)
 from fastnf4.bench.registry import register
 
 
@@ -24,10 +25,7 @@ def same_as_bnb(q: fastnf4.NF4Weight, packed: torch.Tensor, qs) -> bool:
 def run(opts) -> dict:
     F = bnb_functional()
     copy = copy_bandwidth()
-    shapes = model_shapes()
-    if opts.models:
-        shapes = [s for s in shapes if s[0] in opts.models]
-    configs = [(s, dt, nested) for s in shapes for dt in (torch.bfloat16, torch.float16) for nested in (False, True)]
+    configs = dtype_nested_configs(selected_shapes(opts.models))
     rows = []
     for (model, layer, n, k), dtype, nested in progress(configs, desc="quantize"):
         g = torch.Generator(device="cuda").manual_seed(len(rows))

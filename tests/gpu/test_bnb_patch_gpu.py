@@ -13,22 +13,11 @@ import fastnf4  # noqa: E402
 from fastnf4.integrations import bitsandbytes as integ  # noqa: E402
 
 
-def _load(path):
-    cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                          bnb_4bit_compute_dtype=torch.bfloat16)
-    return transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, dtype=torch.bfloat16,
-                                                             device_map={"": 0})
-
-
-def test_transformers_bnb_model_runs_on_fastnf4(tmp_path):
-    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
-                                   num_attention_heads=8, num_key_value_heads=4)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
+def test_transformers_bnb_model_runs_on_fastnf4(tiny_llama_checkpoint, bnb_load):
     ids = torch.randint(0, 1000, (2, 24), device="cuda")
 
     fastnf4.unpatch_bitsandbytes()
-    plain = _load(tmp_path)
+    plain = bnb_load(tiny_llama_checkpoint)
     with torch.no_grad():
         logits0 = plain(ids).logits.float()
     w0 = plain.model.layers[0].mlp.up_proj.weight.data.clone()
@@ -36,7 +25,7 @@ def test_transformers_bnb_model_runs_on_fastnf4(tmp_path):
     fastnf4.patch_bitsandbytes(("cuda",))
     integ.CALLS.clear()
     try:
-        model = _load(tmp_path)  # quantized on load through fastnf4
+        model = bnb_load(tiny_llama_checkpoint)  # quantized on load through fastnf4
         with torch.no_grad():
             logits1 = model(ids).logits.float()
         calls = dict(integ.CALLS)

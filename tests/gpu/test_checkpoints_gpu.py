@@ -13,23 +13,12 @@ from fastnf4.integrations.transformers import load_and_quantize, load_quantized,
 from fastnf4.nn import Linear4bit  # noqa: E402
 
 
-def _bnb_load(path):
-    cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                          bnb_4bit_compute_dtype=torch.bfloat16)
-    return transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, dtype=torch.bfloat16,
-                                                             device_map={"": 0})
-
-
-def test_round_trip_both_ways(tmp_path):
+def test_round_trip_both_ways(tiny_llama_checkpoint, bnb_load, tmp_path):
     fastnf4.unpatch_bitsandbytes()
-    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
-                                   num_attention_heads=8, num_key_value_heads=4)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     ids = torch.randint(0, 1000, (2, 24), device="cuda")
 
     # bitsandbytes quantizes and saves; fastnf4 loads it without bitsandbytes' code paths
-    theirs = _bnb_load(str(tmp_path / "bf16"))
+    theirs = bnb_load(tiny_llama_checkpoint)
     theirs.save_pretrained(tmp_path / "bnb-nf4")
     ours = load_quantized(str(tmp_path / "bnb-nf4"), device="cuda")
     w_theirs = theirs.model.layers[1].mlp.down_proj.weight
@@ -40,7 +29,7 @@ def test_round_trip_both_ways(tmp_path):
     assert ((l_ours - l_theirs).norm() / l_theirs.norm()).item() < 2e-2
 
     # fastnf4 quantizes (layer by layer on the GPU) and saves; transformers + bitsandbytes loads it unchanged
-    mine = load_and_quantize(str(tmp_path / "bf16"), device="cuda")
+    mine = load_and_quantize(str(tiny_llama_checkpoint), device="cuda")
     save_quantized(mine, str(tmp_path / "fastnf4-nf4"))
     back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "fastnf4-nf4"), device_map={"": 0})
     assert torch.equal(back.model.layers[0].self_attn.q_proj.weight.data.reshape(-1),

@@ -18,7 +18,6 @@ and adds the bias).
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
