@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     bench = sub.add_parser("bench", help="run a benchmark on the current CUDA GPU")
-    bench.add_argument("name", choices=["dequant", "quantize", "matmul"], help="which benchmark")
+    bench.add_argument("name", choices=["dequant", "quantize", "matmul", "paper"], help="which benchmark")
     bench.add_argument("--models", nargs="*", default=None,
                        help="restrict to these models (llama-3.3-70b, qwen3-32b, gemma-3-27b)")
     bench.add_argument("--blocksize", type=int, default=64)
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = env["gpu"].lower().replace("nvidia ", "").replace(" ", "-")
     path = opts.json or os.path.join("benchmarks", "results", f"{gpu}-{opts.name}.json")
     payload = {"benchmark": opts.name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "env": env, "copy": result.get("copy"), "rows": result["rows"]}
+               "env": env, "copy": result.get("copy"), "rows": result["rows"],
+               **{k: v for k, v in result.items() if k not in ("copy", "rows", "table")}}
     write_json(path, payload)
     print(result["table"])
     print(f"\nwrote {path}")

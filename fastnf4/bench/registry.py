@@ -16,4 +16,4 @@ def register(name: str):
 
 
 def load_all() -> None:
-    from . import dequant, matmul, quantize  # noqa: F401  (modules register themselves)
+    from . import dequant, matmul, paper, quantize  # noqa: F401  (modules register themselves)
