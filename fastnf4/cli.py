@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="restrict to these models (llama-3.3-70b, qwen3-32b, gemma-3-27b)")
     bench.add_argument("--blocksize", type=int, default=64)
     bench.add_argument("--m", type=int, nargs="*", default=None, help="matmul: rows of x (default 1..2048)")
+    bench.add_argument("--no-e2e", action="store_true", help="paper: kernels only, skip the generate() decomposition")
+    bench.add_argument("--e2e-layers", type=int, default=0, help="paper: cut Qwen3-32B to this many layers (0: all)")
     bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")
     opts = parser.parse_args(argv)
     if opts.version:

@@ -1,5 +1,6 @@
 """``fastnf4 bench paper``: the paper's dequantization variants, bitsandbytes and fastnf4 in one run (see
-:mod:`fastnf4.study.paper`). Kernel level only: the end-to-end decomposition is not measured yet."""
+:mod:`fastnf4.study.paper`), then the end-to-end decomposition of ``generate()`` time for Qwen3-32B
+(:mod:`fastnf4.study.e2e`)."""
 from __future__ import annotations
 
 import torch
@@ -55,4 +56,15 @@ def run(opts) -> dict:
              "variants: " + "; ".join(f"v{v} = {name} ({sass.get(v, '?')} SASS instructions)" for v, name in VARIANTS.items()),
              format_table(rows, cols), "", "paper (A100) for comparison:"]
     lines += [f"  {k}: {v}" for k, v in PAPER_A100.items()]
-    return {"copy": copy, "rows": rows, "sass": sass, "table": "\n".join(lines)}
+    result = {"copy": copy, "rows": rows, "sass": sass}
+    if not opts.no_e2e:
+        from fastnf4.study.e2e import dequant_share
+
+        e2e = dequant_share("qwen3-32b", layers=opts.e2e_layers or None)
+        result["e2e"] = e2e
+        cols = [("provider", "{}"), ("batch", "{}"), ("wall_s", "{:.3f}"), ("gpu_kernel_s", "{:.3f}"),
+                ("dequant_s", "{:.3f}"), ("dequant_share_of_gpu", "{:.3f}"), ("dequant_share_of_wall", "{:.3f}")]
+        lines += ["", f"generate(): qwen3-32b, {e2e['layers']} layers, prompt {e2e['prompt']}, {e2e['new_tokens']} new tokens, eager",
+                  format_table(e2e["rows"], cols)]
+    result["table"] = "\n".join(lines)
+    return result
