@@ -86,7 +86,10 @@ def test_unpatch_restores_bitsandbytes(rng):
     assert sum(integ.CALLS.values()) == 0 and not integ.is_patched()
 
 
-def test_autopatch_switch(monkeypatch):
+def test_autopatch_is_opt_in(monkeypatch):
+    monkeypatch.delenv("FASTNF4_PATCH_BITSANDBYTES", raising=False)
+    integ.autopatch()
+    assert not integ.is_patched()
     monkeypatch.setenv("FASTNF4_PATCH_BITSANDBYTES", "0")
     integ.autopatch()
     assert not integ.is_patched()

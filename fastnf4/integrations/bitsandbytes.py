@@ -16,7 +16,10 @@ Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
 
 When fastnf4 and bitsandbytes are installed together, bitsandbytes loads the entry point
 ``bitsandbytes.backends: fastnf4`` after registering its own ops, which calls :func:`autopatch` (CUDA only).
-Set ``FASTNF4_PATCH_BITSANDBYTES=0`` to turn that off.
+The automatic patch is opt-in for now (``FASTNF4_PATCH_BITSANDBYTES=1``): measured on the H200
+(benchmarks/results/h200-paper.md), eager ``generate()`` of a 64-layer Qwen3-32B got 1.5x slower in wall time
+with the patch although its GPU kernel time fell by up to 32%, because every patched call runs through Python
+(this registration, the custom op, the Triton launcher) where bitsandbytes' path is mostly C++.
 """
 from __future__ import annotations
 
@@ -184,5 +187,5 @@ def is_patched() -> bool:
 
 def autopatch() -> None:
     """Entry point bitsandbytes calls at import (group ``bitsandbytes.backends``)."""
-    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "1") != "0":
+    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "0") == "1":
         patch_bitsandbytes(("cuda",))
