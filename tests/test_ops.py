@@ -4,7 +4,7 @@ import torch
 
 import fastnf4
 from fastnf4 import _ops
-from fastnf4.codebooks import code_4bit, dynamic_map, kernel_code
+from fastnf4.codebooks import dynamic_map, kernel_code
 from helpers import bits, random_packed, random_weight
 
 
