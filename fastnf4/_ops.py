@@ -21,10 +21,9 @@ import torch
 
 from . import _triton
 from .codebooks import BLOCKSIZES, QUANT_TYPES
+from .format import FLOAT_DTYPES
 from .ops.dequantize import naive as dq_naive
 from .ops.quantize import naive as q_naive
-
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _require(cond: bool, exc: type, msg: str) -> None:

@@ -16,6 +16,7 @@ and ``weight.quant_state.bitsandbytes__<quant_type>``, a uint8 tensor holding JS
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import torch
 from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, code_4bit
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_TENSOR_FIELDS = ("packed", "absmax", "code", "nested_absmax", "nested_code", "offset")
 _DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _NAME_BY_DTYPE = {v: k for k, v in _DTYPE_BY_NAME.items()}
 
@@ -143,18 +145,17 @@ class NF4Weight:
             raise ValueError(f"quant_map is not the standard {self.quant_type} table; custom 4-bit tables are not supported")
         return self
 
+    def map_tensors(self, fn) -> "NF4Weight":
+        """A new NF4Weight with ``fn`` applied to every tensor (the non-tensor fields are kept)."""
+        changes = {f: fn(getattr(self, f)) for f in _TENSOR_FIELDS if getattr(self, f) is not None}
+        return dataclasses.replace(self, **changes)
+
     def to(self, device: torch.device | str) -> "NF4Weight":
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return NF4Weight(
-            packed=move(self.packed), absmax=move(self.absmax), code=move(self.code), blocksize=self.blocksize,
-            shape=self.shape, dtype=self.dtype, quant_type=self.quant_type,
-            nested_absmax=move(self.nested_absmax), nested_code=move(self.nested_code),
-            offset=move(self.offset), nested_blocksize=self.nested_blocksize,
-        )
+        return self.map_tensors(lambda t: t.to(device))
 
     def nbytes(self) -> int:
         """Bytes of packed data plus statistics (what a kernel must read to use this weight)."""
-        tensors = (self.packed, self.absmax, self.code, self.nested_absmax, self.nested_code, self.offset)
+        tensors = (getattr(self, f) for f in _TENSOR_FIELDS)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def __repr__(self) -> str:
@@ -170,15 +171,14 @@ class NF4Weight:
         """Wrap bitsandbytes' ``(packed, QuantState)`` without copying any tensor."""
         qs = quant_state
         nested = bool(getattr(qs, "nested", False))
-        q = cls(
+        return cls(
             packed=packed, absmax=qs.absmax, code=qs.code, blocksize=int(qs.blocksize),
             shape=torch.Size(qs.shape), dtype=qs.dtype, quant_type=qs.quant_type,
             nested_absmax=qs.state2.absmax if nested else None,
             nested_code=qs.state2.code if nested else None,
             offset=_as_offset(qs.offset, packed.device) if nested else None,
             nested_blocksize=int(qs.state2.blocksize) if nested else NESTED_BLOCKSIZE,
-        )
-        return q.check_code()
+        ).check_code()
 
     def to_bnb(self) -> tuple[torch.Tensor, Any]:
         """``(packed, bitsandbytes.functional.QuantState)`` sharing this weight's tensors."""

@@ -48,12 +48,9 @@ class Linear4bit(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):  # moves the NF4 tensors with .to()/.cuda() (dtype casts do not apply)
         super()._apply(fn, recurse)
-        q = self.weight_nf4
-        moved = {k: getattr(q, k) for k in ("packed", "absmax", "code", "nested_absmax", "nested_code", "offset")}
-        probe = fn(torch.empty(0))
-        for k, t in moved.items():
-            if t is not None and t.device != probe.device:
-                setattr(q, k, t.to(probe.device))
+        device = fn(torch.empty(0)).device
+        if self.weight_nf4.device != device:
+            self.weight_nf4 = self.weight_nf4.to(device)
         return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

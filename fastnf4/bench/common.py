@@ -29,9 +29,4 @@ def make_weight(n: int, k: int, nested: bool, blocksize: int = 64, dtype=torch.b
 
 def clone_weight(q: fastnf4.NF4Weight) -> fastnf4.NF4Weight:
     """Same contents at new addresses (for rotating past the L2)."""
-    c = lambda t: None if t is None else t.clone()  # noqa: E731
-    return fastnf4.NF4Weight(
-        packed=c(q.packed), absmax=c(q.absmax), code=c(q.code), blocksize=q.blocksize, shape=q.shape, dtype=q.dtype,
-        quant_type=q.quant_type, nested_absmax=c(q.nested_absmax), nested_code=c(q.nested_code), offset=c(q.offset),
-        nested_blocksize=q.nested_blocksize,
-    )
+    return q.map_tensors(torch.Tensor.clone)

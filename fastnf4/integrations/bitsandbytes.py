@@ -49,14 +49,21 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
-def _dequant_covered(A, absmax, blocksize, quant_type, numel, dtype) -> bool:
+def _packed_covered(A, blocksize, quant_type, numel, dtype) -> bool:
+    """Packed bytes, blocksize, type and output dtype fastnf4's kernels take."""
     from fastnf4.codebooks import BLOCKSIZES, QUANT_TYPES
 
     return (
         blocksize in BLOCKSIZES and quant_type in QUANT_TYPES and dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and A.is_contiguous() and A.numel() * A.element_size() == (numel + 1) // 2
+    )
+
+
+def _dequant_covered(A, absmax, blocksize, quant_type, numel, dtype) -> bool:
+    return (
+        _packed_covered(A, blocksize, quant_type, numel, dtype)
         and absmax.dtype == torch.float32 and absmax.is_contiguous() and absmax.device == A.device
-        and absmax.numel() == -(-numel // blocksize) and A.is_contiguous()
-        and A.numel() * A.element_size() == (numel + 1) // 2
+        and absmax.numel() == -(-numel // blocksize)
     )
 
 
@@ -113,7 +120,7 @@ def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit
         return _dequant_covered(B, absmax, blocksize, quant_type, n * k, A.dtype)
     nblocks = -(-(n * k) // blocksize)
     return (
-        _dequant_covered(B, torch.empty(nblocks, dtype=torch.float32, device=B.device), blocksize, quant_type, n * k, A.dtype)
+        _packed_covered(B, blocksize, quant_type, n * k, A.dtype)
         and absmax_8bit.dtype == torch.uint8 and absmax_8bit.numel() == nblocks
         and absmax.dtype == torch.float32 and absmax.numel() == -(-nblocks // 256)
         and absmax_code is not None and absmax_code.dtype == torch.float32 and absmax_code.numel() == 256
