@@ -24,8 +24,9 @@ import functools
 import torch
 
 from ..dequantize import kernel as dq_kernel
-from . import kernel
+from . import gemv_mma, kernel
 
+MMA_MAX_M = 16  # CUDA tensor-core decode kernel (gemv_mma.cu) where it is built and the shape fits
 GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
@@ -42,7 +43,9 @@ def num_sms(device: torch.device) -> int:
     return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def choose_path(m: int, n: int, k: int, blocksize: int) -> str:
+def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False) -> str:
+    if mma_ok and m <= MMA_MAX_M:
+        return "mma"
     if kernel.group_elems(k, blocksize) == 0:
         return "dequant+matmul"
     if m <= GEMV_MAX_M:
@@ -63,8 +66,13 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
     # manual_bf16: running under Triton's CPU interpreter (exact bf16 rounding done with integers)
     """[M, N] result on the current stream; ``path`` forces a kernel (benchmarks, tests)."""
     m = x2d.shape[0]
-    path = path or choose_path(m, n, k, blocksize)
+    if path is None:
+        mma_ok = (not manual_bf16 and m <= MMA_MAX_M and (nested_code is None or nested_blocksize == 256)
+                  and gemv_mma.supports(x2d, packed, blocksize, n, k))
+        path = choose_path(m, n, k, blocksize, mma_ok)
     w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
+    if path == "mma":
+        return gemv_mma.launch(x2d, *w, bias)
     if path == "dequant+matmul":
         wd = torch.empty(n * k, dtype=x2d.dtype, device=x2d.device)
         dq_kernel.launch(packed, absmax, code, wd, blocksize, n * k, nested_code, nested_absmax, offset,

@@ -1,0 +1,348 @@
+// Decode-size NF4 matmul (M <= 16) on tensor cores: y[M, N] = x[M, K] @ dequant(W[N, K]).T (+ bias).
+//
+// Why tensor cores at M = 1: the GEMV is bound by decoding (turning ~8 G codes/s into values), not by
+// multiply-adds. Here each thread decodes one packed byte (two codes) with ONE shared-memory load from a
+// 256-entry table of value pairs, and the products and float32 sums are left to mma.sync, which is idle
+// otherwise. The table is replicated 32 times (entry v of lane l at word v * 32 + l), so every lane reads
+// its own bank: no bank conflicts whatever the codes (32 KiB per block).
+//
+// Warp tile: 16 rows of W x one 128-wide K slice per step. Lane (g = lane / 4, t = lane % 4) loads 16 bytes
+// (32 codes) of rows n0 + g and n0 + g + 8 at K offset 32 t of the slice. The k order inside an mma is free
+// as long as A and B agree, so mma step s (0..7) takes codes 4s..4s+3 of every lane's chunk: byte 2s feeds
+// A registers a0a1 / a2a3 and byte 2s + 1 feeds a4a5 / a6a7, with B built from x at the same positions.
+//
+// Quantization blocks (>= 32 codes) never split a 32-code chunk, but one slice can hold up to four blocks.
+// So B column j stands for (x row m = j / 4, chunk c = j % 4): lane (g, t) puts x row m at its chunk in B
+// only when c == t. Column j of C then holds the dot product of one row of x with one chunk's codes, which
+// is scaled by that chunk's absmax in float32 after every slice. CG groups of 8 columns cover M <= 2 CG.
+//
+// Split-K: a work item is (16-row tile, K range). With S > 1 ranges the warps write float32 partial sums and
+// the last of them (an atomic counter per tile, reset by that warp) adds the S partials in a fixed order,
+// so results do not depend on timing. Warps are persistent: grid = resident blocks, items strided.
+//
+// Requirements checked by the caller: K % 32 == 0, x and y contiguous with 16-byte aligned rows (K % 8),
+// packed 16-byte aligned, blocksize >= 32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kSlice = 128;   // K per warp step
+constexpr int kUnroll = 4;    // slices whose weight loads are in flight together
+
+struct Params {
+  const uint8_t* packed;
+  const void* absmax;          // float32, or uint8 codes with double quantization
+  const float* nested_code;    // [256]
+  const float* nested_absmax;
+  const float* offset;         // [1]
+  const void* x;               // [M, K] bf16 / fp16
+  const void* bias;            // [N] or null
+  void* y;                     // [M, N]
+  float* partial;              // [S, M, N] when S > 1
+  int* counters;               // [tiles], zero between launches
+  long long M, N, K;
+  long long blocksize;
+  long long nested_blocksize;  // 256 (bitsandbytes' only value)
+  long long splits;            // S
+  long long slices_per_split;
+  const float* code;           // [16] values of the 4-bit codes (nf4 or fp4)
+};
+
+template <typename T> struct Pair;
+template <> struct Pair<__nv_bfloat16> {
+  static __device__ uint32_t make(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ void store(void* y, long long i, float v) {
+    reinterpret_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(v);
+  }
+  static __device__ float load(const void* p, long long i) {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+  }
+};
+template <> struct Pair<__half> {
+  static __device__ uint32_t make(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ void store(void* y, long long i, float v) {
+    reinterpret_cast<__half*>(y)[i] = __float2half_rn(v);
+  }
+  static __device__ float load(const void* p, long long i) {
+    return __half2float(reinterpret_cast<const __half*>(p)[i]);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Pair of values for byte j (0..3) of word w: one shared-memory load from this lane's bank. ``lane_base`` is
+// the 32-bit shared address of table word ``lane``; entry v sits v * 128 bytes further.
+template <int j>
+__device__ __forceinline__ uint32_t lookup(uint32_t lane_base, uint32_t w) {
+  const uint32_t byte = __byte_perm(w, 0u, 0x4440u + j);  // PRMT: byte j, zero-extended
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(lane_base + (byte << 7)));  // LEA
+  return v;
+}
+
+template <bool kNested>
+__device__ __forceinline__ float block_absmax(const Params& p, long long flat, int log2_bs) {
+  const long long b = flat >> log2_bs;
+  if constexpr (kNested) {
+    const uint8_t q = __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b);
+    const float prod = __fmul_rn(__ldg(p.nested_code + q), __ldg(p.nested_absmax + (b >> 8)));
+    return __fadd_rn(prod, __ldg(p.offset));
+  } else {
+    return __ldg(reinterpret_cast<const float*>(p.absmax) + b);
+  }
+}
+
+template <typename T, int CG, bool kNested>
+__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constant__ Params p) {
+  __shared__ uint32_t table[256 * 32];
+  for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
+    const int v = i >> 5;
+    table[i] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t lane_base = static_cast<uint32_t>(__cvta_generic_to_shared(table)) + 4 * lane;
+  const long long M = p.M, N = p.N, K = p.K;
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const long long tiles = (N + 15) / 16;
+  const long long items = tiles * p.splits;
+  const int slices = static_cast<int>((K + kSlice - 1) / kSlice);
+  const long long warp0 = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const long long warps = (long long)gridDim.x * kWarps;
+
+  // B operands: in column group c, lane (g, t) carries x row m = 2c + g / 4 at its own chunk when g % 4 == t.
+  const T* xlane[CG];
+  bool xon[CG];
+#pragma unroll
+  for (int c = 0; c < CG; ++c) {
+    const long long m = 2 * c + (g >> 2);
+    xon[c] = ((g & 3) == t) && m < M;
+    xlane[c] = reinterpret_cast<const T*>(p.x) + (xon[c] ? m * K : 0) + 32 * t;
+  }
+  // C columns of this lane: 2t and 2t + 1 of each group, i.e. chunks c0 = (2t) % 4 and c0 + 1.
+  const int c0 = (2 * t) & 3;
+
+  for (long long item = warp0; item < items; item += warps) {
+    const long long tile = item / p.splits, split = item - tile * p.splits;
+    const long long rowA = tile * 16 + g, rowB = rowA + 8;
+    const bool okA = rowA < N, okB = rowB < N;
+    const long long baseA = rowA * K, baseB = rowB * K;
+    const uint8_t* pA = p.packed + (baseA >> 1) + 16 * t;
+    const uint8_t* pB = p.packed + (baseB >> 1) + 16 * t;
+    const int s_begin = static_cast<int>(split * p.slices_per_split);
+    const int s_end = min(slices, static_cast<int>(s_begin + p.slices_per_split));
+
+    float acc[CG][4];
+#pragma unroll
+    for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+
+    for (int s0 = s_begin; s0 < s_end; s0 += kUnroll) {
+      uint4 wa[kUnroll], wb[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = (s0 + u) * kSlice + 32 * t;
+        const bool ok = (s0 + u < s_end) && k < K;
+        wa[u] = (ok && okA) ? load_stream(pA + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+        wb[u] = (ok && okB) ? load_stream(pB + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int slice = s0 + u;
+        if (slice >= s_end) break;
+        const int kbase = slice * kSlice;
+        const bool kin = kbase + 32 * t < K;
+        // x of this slice: whole 64-byte chunk up front for small CG, per mma step otherwise
+        uint4 xb[CG <= 2 ? CG : 1][4];
+        if constexpr (CG <= 2) {
+#pragma unroll
+          for (int c = 0; c < CG; ++c) {
+            const uint4* px = reinterpret_cast<const uint4*>(xlane[c] + kbase);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xb[c][i] = (xon[c] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
+          }
+        }
+        float cf[CG][4];
+#pragma unroll
+        for (int c = 0; c < CG; ++c) cf[c][0] = cf[c][1] = cf[c][2] = cf[c][3] = 0.f;
+        const uint32_t wA[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w};
+        const uint32_t wB[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          // bytes 2s and 2s + 1 of the 16-byte chunk: word s / 2, byte positions 2 (s % 2) and 2 (s % 2) + 1
+          uint32_t a0, a1, a2, a3;
+          if (s & 1) {
+            a0 = lookup<2>(lane_base, wA[s >> 1]);
+            a1 = lookup<2>(lane_base, wB[s >> 1]);
+            a2 = lookup<3>(lane_base, wA[s >> 1]);
+            a3 = lookup<3>(lane_base, wB[s >> 1]);
+          } else {
+            a0 = lookup<0>(lane_base, wA[s >> 1]);
+            a1 = lookup<0>(lane_base, wB[s >> 1]);
+            a2 = lookup<1>(lane_base, wA[s >> 1]);
+            a3 = lookup<1>(lane_base, wB[s >> 1]);
+          }
+#pragma unroll
+          for (int c = 0; c < CG; ++c) {
+            uint32_t b0, b1;
+            if constexpr (CG <= 2) {
+              const uint4 q = xb[c][s >> 1];
+              b0 = (s & 1) ? q.z : q.x;
+              b1 = (s & 1) ? q.w : q.y;
+            } else {
+              uint2 q = make_uint2(0, 0);
+              if (xon[c] && kin) q = __ldg(reinterpret_cast<const uint2*>(xlane[c] + kbase + 4 * s));
+              b0 = q.x;
+              b1 = q.y;
+            }
+            mma16816<T>(cf[c], a0, a1, a2, a3, b0, b1);
+          }
+        }
+        const int k0 = kbase + 32 * c0, k1 = k0 + 32;
+        const float sA0 = (okA && k0 < K) ? block_absmax<kNested>(p, baseA + k0, log2_bs) : 0.f;
+        const float sA1 = (okA && k1 < K) ? block_absmax<kNested>(p, baseA + k1, log2_bs) : 0.f;
+        const float sB0 = (okB && k0 < K) ? block_absmax<kNested>(p, baseB + k0, log2_bs) : 0.f;
+        const float sB1 = (okB && k1 < K) ? block_absmax<kNested>(p, baseB + k1, log2_bs) : 0.f;
+#pragma unroll
+        for (int c = 0; c < CG; ++c) {
+          acc[c][0] = fmaf(cf[c][0], sA0, acc[c][0]);
+          acc[c][1] = fmaf(cf[c][1], sA1, acc[c][1]);
+          acc[c][2] = fmaf(cf[c][2], sB0, acc[c][2]);
+          acc[c][3] = fmaf(cf[c][3], sB1, acc[c][3]);
+        }
+      }
+    }
+
+    // Lane t holds columns of x row m = 2c + t / 2; lanes t and t ^ 1 together hold all four chunks.
+    float vA[CG], vB[CG];
+#pragma unroll
+    for (int c = 0; c < CG; ++c) {
+      vA[c] = acc[c][0] + acc[c][1];
+      vB[c] = acc[c][2] + acc[c][3];
+      vA[c] += __shfl_xor_sync(0xffffffffu, vA[c], 1);
+      vB[c] += __shfl_xor_sync(0xffffffffu, vB[c], 1);
+    }
+    const bool writer = (t & 1) == 0;
+    if (p.splits == 1) {
+      if (writer) {
+#pragma unroll
+        for (int c = 0; c < CG; ++c) {
+          const long long m = 2 * c + (t >> 1);
+          if (m < M) {
+            if (okA) Pair<T>::store(p.y, m * N + rowA, vA[c] + (p.bias ? Pair<T>::load(p.bias, rowA) : 0.f));
+            if (okB) Pair<T>::store(p.y, m * N + rowB, vB[c] + (p.bias ? Pair<T>::load(p.bias, rowB) : 0.f));
+          }
+        }
+      }
+      continue;
+    }
+    if (writer) {
+#pragma unroll
+      for (int c = 0; c < CG; ++c) {
+        const long long m = 2 * c + (t >> 1);
+        if (m < M) {
+          float* part = p.partial + (split * M + m) * N;
+          if (okA) __stcg(part + rowA, vA[c]);
+          if (okB) __stcg(part + rowB, vB[c]);
+        }
+      }
+    }
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) continue;
+    __threadfence();
+    // The last warp of this tile adds the S partials in split order; each lane takes (m, row) pairs.
+    for (long long i = lane; i < 16 * M; i += 32) {
+      const long long m = i / 16, row = tile * 16 + (i % 16);
+      if (row >= N) continue;
+      float v = 0.f;
+      for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
+      if (p.bias) v += Pair<T>::load(p.bias, row);
+      Pair<T>::store(p.y, m * N + row, v);
+    }
+    __syncwarp();
+    if (lane == 0) atomicExch(p.counters + tile, 0);
+  }
+}
+
+template <typename T, bool kNested>
+void* pick(int cg) {
+  switch (cg) {
+    case 1: return (void*)gemv_mma_kernel<T, 1, kNested>;
+    case 2: return (void*)gemv_mma_kernel<T, 2, kNested>;
+    case 4: return (void*)gemv_mma_kernel<T, 4, kNested>;
+    case 8: return (void*)gemv_mma_kernel<T, 8, kNested>;
+  }
+  return nullptr;
+}
+
+void* kernel_for(int dtype, int cg, int nested) {
+  if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(cg) : pick<__nv_bfloat16, false>(cg);
+  return nested ? pick<__half, true>(cg) : pick<__half, false>(cg);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Resident blocks per SM for a configuration (0 when it does not exist).
+int fastnf4_gemv_mma_occupancy(int dtype, int cg, int nested) {
+  void* f = kernel_for(dtype, cg, nested);
+  if (f == nullptr) return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, kThreads, 0) != cudaSuccess) return 0;
+  return blocks;
+}
+
+int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
+
+// dtype 0 = bf16, 1 = fp16; cg = column groups (M <= 2 cg); returns a cudaError_t.
+int fastnf4_gemv_mma(const Params* p, int dtype, int cg, int nested, int grid, cudaStream_t stream) {
+  void* f = kernel_for(dtype, cg, nested);
+  if (f == nullptr) return (int)cudaErrorInvalidValue;
+  void* args[] = {(void*)p};
+  return (int)cudaLaunchKernel(f, dim3(grid), dim3(kThreads), args, 0, stream);
+}
+
+}  // extern "C"

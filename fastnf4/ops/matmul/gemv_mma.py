@@ -1,0 +1,143 @@
+"""Host side of ``gemv_mma.cu``: the decode-size (M <= 16) tensor-core matmul, launched through ctypes.
+
+``supports`` says whether a call can take this kernel; ``launch`` runs it on the current stream (no host
+synchronisation; capturable in a CUDA graph once the library is loaded and the split-K counters exist).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+
+from ... import _cuda
+
+SOURCE = os.path.join(os.path.dirname(__file__), "gemv_mma.cu")
+MAX_M = 16
+WARPS_PER_BLOCK = 4
+SLICE = 128
+_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+_COUNTERS = 1 << 16  # split-K semaphores per device: one per 16-row tile (N up to 1M rows)
+
+
+class Params(ctypes.Structure):
+    _fields_ = [
+        ("packed", ctypes.c_void_p), ("absmax", ctypes.c_void_p), ("nested_code", ctypes.c_void_p),
+        ("nested_absmax", ctypes.c_void_p), ("offset", ctypes.c_void_p), ("x", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("partial", ctypes.c_void_p), ("counters", ctypes.c_void_p),
+        ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong), ("blocksize", ctypes.c_longlong),
+        ("nested_blocksize", ctypes.c_longlong), ("splits", ctypes.c_longlong),
+        ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p),
+    ]
+
+
+class _Lib:
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.fastnf4_gemv_mma.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                         ctypes.c_int, ctypes.c_void_p]
+        lib.fastnf4_gemv_mma.restype = ctypes.c_int
+        lib.fastnf4_gemv_mma_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.fastnf4_gemv_mma_occupancy.restype = ctypes.c_int
+        lib.fastnf4_gemv_mma_params_size.restype = ctypes.c_int
+        if lib.fastnf4_gemv_mma_params_size() != ctypes.sizeof(Params):
+            raise RuntimeError("gemv_mma.cu Params layout differs from the ctypes mirror")
+        # Ask every kernel's occupancy now: it loads the module, so later launches (maybe inside a CUDA-graph
+        # capture) never trigger lazy loading.
+        self.occupancy = {(d, cg, nested): lib.fastnf4_gemv_mma_occupancy(d, cg, nested)
+                          for d in (0, 1) for cg in (1, 2, 4, 8) for nested in (0, 1)}
+
+
+@functools.cache
+def _lib_for(index: int) -> _Lib | None:
+    lib = _cuda.load(SOURCE, torch.device("cuda", index))
+    return None if lib is None else _Lib(lib)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+_counters: dict[int, torch.Tensor] = {}
+
+
+def _counters_for(index: int) -> torch.Tensor | None:
+    buf = _counters.get(index)
+    if buf is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # never allocate persistent state inside a capture; run without split-K instead
+        buf = torch.zeros(_COUNTERS, dtype=torch.int32, device=torch.device("cuda", index))
+        _counters[index] = buf
+    return buf
+
+
+def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k: int) -> bool:
+    """Shapes and layouts the kernel handles; everything else goes to the Triton paths."""
+    m = x2d.shape[0]
+    return (x2d.is_cuda and x2d.dtype in _DTYPES and 1 <= m <= MAX_M and k % 32 == 0 and blocksize >= 32
+            and packed.data_ptr() % 16 == 0 and x2d.data_ptr() % 16 == 0 and x2d.is_contiguous()
+            and _lib_for(_index(x2d.device)) is not None)
+
+
+def column_groups(m: int) -> int:
+    return 1 if m <= 2 else 2 if m <= 4 else 4 if m <= 8 else 8
+
+
+def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True) -> tuple[int, int]:
+    """(splits, slices per split): enough work items that persistent warps finish within ~5% of each other."""
+    tiles = -(-n // 16)
+    slices = -(-k // SLICE)
+    best = (1, slices)
+    if not allow_split:
+        return best
+    best_score = None
+    for s in range(1, 17):
+        per = -(-slices // s)
+        if per < 4 and s > 1:
+            break
+        s_eff = -(-slices // per)
+        items = tiles * s_eff
+        rounds = -(-items // warps)
+        balance = items / (rounds * warps)
+        score = balance - 0.01 * (s_eff - 1)  # partial sums cost a little traffic and a reduction
+        if best_score is None or score > best_score + 1e-9:
+            best, best_score = (s_eff, per), score
+    return best
+
+
+def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
+           y: torch.Tensor | None = None, splits: tuple[int, int] | None = None) -> torch.Tensor:
+    index = _index(x2d.device)
+    lib = _lib_for(index)
+    m = x2d.shape[0]
+    cg = column_groups(m)
+    nested = nested_code is not None
+    dt = _DTYPES[x2d.dtype]
+    occ = lib.occupancy[(dt, cg, int(nested))]
+    if occ <= 0:
+        raise RuntimeError("gemv_mma kernel cannot be resident on this GPU")
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    counters = _counters_for(index)
+    tiles = -(-n // 16)
+    s, per = splits or plan(m, n, k, sms * occ * WARPS_PER_BLOCK, allow_split=counters is not None and tiles <= _COUNTERS)
+    if y is None:
+        y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+    partial = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
+    grid = min(sms * occ, -(-tiles * s // WARPS_PER_BLOCK))
+    p = Params(
+        packed=packed.data_ptr(), absmax=absmax.data_ptr(),
+        nested_code=nested_code.data_ptr() if nested else None,
+        nested_absmax=nested_absmax.data_ptr() if nested else None,
+        offset=offset.data_ptr() if nested else None, x=x2d.data_ptr(),
+        bias=bias.data_ptr() if bias is not None else None, y=y.data_ptr(),
+        partial=partial.data_ptr() if partial is not None else None,
+        counters=counters.data_ptr() if counters is not None else None,
+        M=m, N=n, K=k, blocksize=blocksize, nested_blocksize=nested_blocksize, splits=s, slices_per_split=per,
+        code=code.data_ptr(),
+    )
+    rc = lib.lib.fastnf4_gemv_mma(ctypes.byref(p), dt, cg, int(nested), grid,
+                                  ctypes.c_void_p(torch.cuda.current_stream(x2d.device).cuda_stream))
+    if rc != 0:
+        raise RuntimeError(f"gemv_mma launch failed (cudaError {rc})")
+    return y
