@@ -29,7 +29,7 @@
 
 #include <type_traits>
 
-namespace {
+namespace fastnf4_mma {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -322,7 +322,11 @@ void* kernel_for(int dtype, int cg, int nested) {
   return nested ? pick<__half, true>(cg) : pick<__half, false>(cg);
 }
 
-}  // namespace
+}  // namespace fastnf4_mma
+
+using fastnf4_mma::Params;
+using fastnf4_mma::kThreads;
+using fastnf4_mma::kernel_for;
 
 extern "C" {
 
