@@ -69,8 +69,9 @@ def device_arch(index: int) -> str:
 
 @functools.cache
 def _load(source: str, arch: str) -> ctypes.CDLL | None:
+    extra = tuple(os.environ.get("FASTNF4_NVCC_FLAGS", "").split())  # experiments (benchmarks/check_mma.py)
     try:
-        return ctypes.CDLL(compile_source(source, arch))
+        return ctypes.CDLL(compile_source(source, arch, extra=extra))
     except (RuntimeError, OSError) as e:
         warnings.warn(f"fastnf4: CUDA kernels from {os.path.basename(source)} unavailable ({e}); using Triton",
                       RuntimeWarning, stacklevel=3)

@@ -34,7 +34,10 @@ namespace fastnf4_mma {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kSlice = 128;   // K per warp step
-constexpr int kUnroll = 4;    // slices whose weight loads are in flight together
+#ifndef FASTNF4_MMA_UNROLL
+#define FASTNF4_MMA_UNROLL 4
+#endif
+constexpr int kUnroll = FASTNF4_MMA_UNROLL;  // slices per step; the next step's weights load during this one
 
 struct Params {
   const uint8_t* packed;
@@ -175,21 +178,29 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
 #pragma unroll
     for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
 
-    for (int s0 = s_begin; s0 < s_end; s0 += kUnroll) {
-      uint4 wa[kUnroll], wb[kUnroll];
+    // Weights of the next kUnroll slices are loaded while the current ones are decoded (register double
+    // buffer), so every warp keeps ~kUnroll KiB in flight at all times.
+    uint4 wa[kUnroll], wb[kUnroll];
+    auto load_step = [&](int s0, uint4 (&ra)[kUnroll], uint4 (&rb)[kUnroll]) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int k = (s0 + u) * kSlice + 32 * t;
         const bool ok = (s0 + u < s_end) && k < K;
-        wa[u] = (ok && okA) ? load_stream(pA + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
-        wb[u] = (ok && okB) ? load_stream(pB + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+        ra[u] = (ok && okA) ? load_stream(pA + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+        rb[u] = (ok && okB) ? load_stream(pB + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
       }
+    };
+    load_step(s_begin, wa, wb);
+    for (int s0 = s_begin; s0 < s_end; s0 += kUnroll) {
+      uint4 na[kUnroll], nb[kUnroll];
+      load_step(s0 + kUnroll, na, nb);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        // slices past s_end have zero weights and x and get a zero scale: no branch in the unrolled body
         const int slice = s0 + u;
-        if (slice >= s_end) break;
+        const bool live = slice < s_end;
         const int kbase = slice * kSlice;
-        const bool kin = kbase + 32 * t < K;
+        const bool kin = live && kbase + 32 * t < K;
         // x of this slice: whole 64-byte chunk up front for small CG, per mma step otherwise
         uint4 xb[CG <= 2 ? CG : 1][4];
         if constexpr (CG <= 2) {
@@ -237,10 +248,11 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
           }
         }
         const int k0 = kbase + 32 * c0, k1 = k0 + 32;
-        const float sA0 = (okA && k0 < K) ? block_absmax<kNested>(p, baseA + k0, log2_bs) : 0.f;
-        const float sA1 = (okA && k1 < K) ? block_absmax<kNested>(p, baseA + k1, log2_bs) : 0.f;
-        const float sB0 = (okB && k0 < K) ? block_absmax<kNested>(p, baseB + k0, log2_bs) : 0.f;
-        const float sB1 = (okB && k1 < K) ? block_absmax<kNested>(p, baseB + k1, log2_bs) : 0.f;
+        const bool la = live && okA, lb = live && okB;
+        const float sA0 = (la && k0 < K) ? block_absmax<kNested>(p, baseA + k0, log2_bs) : 0.f;
+        const float sA1 = (la && k1 < K) ? block_absmax<kNested>(p, baseA + k1, log2_bs) : 0.f;
+        const float sB0 = (lb && k0 < K) ? block_absmax<kNested>(p, baseB + k0, log2_bs) : 0.f;
+        const float sB1 = (lb && k1 < K) ? block_absmax<kNested>(p, baseB + k1, log2_bs) : 0.f;
 #pragma unroll
         for (int c = 0; c < CG; ++c) {
           acc[c][0] = fmaf(cf[c][0], sA0, acc[c][0]);
@@ -248,6 +260,11 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
           acc[c][2] = fmaf(cf[c][2], sB0, acc[c][2]);
           acc[c][3] = fmaf(cf[c][3], sB1, acc[c][3]);
         }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        wa[u] = na[u];
+        wb[u] = nb[u];
       }
     }
 
@@ -334,6 +351,9 @@ extern "C" {
 int fastnf4_gemv_mma_occupancy(int dtype, int cg, int nested) {
   void* f = kernel_for(dtype, cg, nested);
   if (f == nullptr) return 0;
+  // the 32 KiB table per block: ask for the largest shared-memory carveout so that occupancy is set by
+  // registers, not by the L1/shared split the driver would pick
+  cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   int blocks = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, kThreads, 0) != cudaSuccess) return 0;
   return blocks;
