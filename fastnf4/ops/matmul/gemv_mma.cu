@@ -120,25 +120,18 @@ __device__ __forceinline__ uint32_t lookup(uint32_t lane_base, uint32_t w) {
   return v;
 }
 
-template <bool kNested>
-__device__ __forceinline__ float block_absmax(const Params& p, long long flat, int log2_bs) {
-  const long long b = flat >> log2_bs;
-  if constexpr (kNested) {
-    const uint8_t q = __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b);
-    const float prod = __fmul_rn(__ldg(p.nested_code + q), __ldg(p.nested_absmax + (b >> 8)));
-    return __fadd_rn(prod, __ldg(p.offset));
-  } else {
-    return __ldg(reinterpret_cast<const float*>(p.absmax) + b);
-  }
-}
-
 template <typename T, int CG, bool kNested>
 __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constant__ Params p) {
   __shared__ uint32_t table[256 * 32];
+  __shared__ float nested_code[kNested ? 256 : 1];
   for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
     const int v = i >> 5;
     table[i] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
   }
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) nested_code[i] = __ldg(p.nested_code + i);
+  }
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
   __syncthreads();
 
   const int lane = threadIdx.x & 31;
@@ -178,25 +171,45 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
 #pragma unroll
     for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
 
-    // Weights of the next kUnroll slices are loaded while the current ones are decoded (register double
-    // buffer), so every warp keeps ~kUnroll KiB in flight at all times.
-    uint4 wa[kUnroll], wb[kUnroll];
-    auto load_step = [&](int s0, uint4 (&ra)[kUnroll], uint4 (&rb)[kUnroll]) {
+    // The next step's weights and statistics are loaded while the current step is decoded (register double
+    // buffer), so no load latency is exposed once the pipeline runs. Statistics per slice and lane: the
+    // blocks of chunks c0 and c0 + 1 of rows A and B (raw: float32 absmax, or uint8 code + nested absmax).
+    struct Step {
+      uint4 wa[kUnroll], wb[kUnroll];
+      uint32_t q[kUnroll][4];
+      float raw[kUnroll][4];
+    };
+    auto load_step = [&](int s0, Step& st) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int k = (s0 + u) * kSlice + 32 * t;
-        const bool ok = (s0 + u < s_end) && k < K;
-        ra[u] = (ok && okA) ? load_stream(pA + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
-        rb[u] = (ok && okB) ? load_stream(pB + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+        const int kb = (s0 + u) * kSlice;
+        const bool live = s0 + u < s_end;
+        const bool ok = live && kb + 32 * t < K;
+        st.wa[u] = (ok && okA) ? load_stream(pA + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+        st.wb[u] = (ok && okB) ? load_stream(pB + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int kc = kb + 32 * (c0 + (i & 1));
+          const bool on = live && kc < K && ((i < 2) ? okA : okB);
+          const long long b = on ? (((i < 2) ? baseA : baseB) + kc) >> log2_bs : 0;
+          if constexpr (kNested) {
+            st.q[u][i] = on ? __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b) : 0u;
+            st.raw[u][i] = on ? __ldg(p.nested_absmax + (b >> 8)) : 0.f;
+          } else {
+            st.q[u][i] = 0u;
+            st.raw[u][i] = on ? __ldg(reinterpret_cast<const float*>(p.absmax) + b) : 0.f;
+          }
+        }
       }
     };
-    load_step(s_begin, wa, wb);
+    Step cur;
+    load_step(s_begin, cur);
     for (int s0 = s_begin; s0 < s_end; s0 += kUnroll) {
-      uint4 na[kUnroll], nb[kUnroll];
-      load_step(s0 + kUnroll, na, nb);
+      Step nxt;
+      load_step(s0 + kUnroll, nxt);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        // slices past s_end have zero weights and x and get a zero scale: no branch in the unrolled body
+        // slices past s_end have zero weights, zero x and zero scales: no branch in the unrolled body
         const int slice = s0 + u;
         const bool live = slice < s_end;
         const int kbase = slice * kSlice;
@@ -214,8 +227,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
         float cf[CG][4];
 #pragma unroll
         for (int c = 0; c < CG; ++c) cf[c][0] = cf[c][1] = cf[c][2] = cf[c][3] = 0.f;
-        const uint32_t wA[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w};
-        const uint32_t wB[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+        const uint32_t wA[4] = {cur.wa[u].x, cur.wa[u].y, cur.wa[u].z, cur.wa[u].w};
+        const uint32_t wB[4] = {cur.wb[u].x, cur.wb[u].y, cur.wb[u].z, cur.wb[u].w};
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
           // bytes 2s and 2s + 1 of the 16-byte chunk: word s / 2, byte positions 2 (s % 2) and 2 (s % 2) + 1
@@ -247,25 +260,22 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
             mma16816<T>(cf[c], a0, a1, a2, a3, b0, b1);
           }
         }
-        const int k0 = kbase + 32 * c0, k1 = k0 + 32;
-        const bool la = live && okA, lb = live && okB;
-        const float sA0 = (la && k0 < K) ? block_absmax<kNested>(p, baseA + k0, log2_bs) : 0.f;
-        const float sA1 = (la && k1 < K) ? block_absmax<kNested>(p, baseA + k1, log2_bs) : 0.f;
-        const float sB0 = (lb && k0 < K) ? block_absmax<kNested>(p, baseB + k0, log2_bs) : 0.f;
-        const float sB1 = (lb && k1 < K) ? block_absmax<kNested>(p, baseB + k1, log2_bs) : 0.f;
+        float sc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
+          sc[i] = kNested ? __fadd_rn(__fmul_rn(nested_code[cur.q[u][i]], cur.raw[u][i]), offset) : cur.raw[u][i];
+          if (kNested && cur.raw[u][i] == 0.f) sc[i] = 0.f;  // outside the weight: no contribution
+        }
 #pragma unroll
         for (int c = 0; c < CG; ++c) {
-          acc[c][0] = fmaf(cf[c][0], sA0, acc[c][0]);
-          acc[c][1] = fmaf(cf[c][1], sA1, acc[c][1]);
-          acc[c][2] = fmaf(cf[c][2], sB0, acc[c][2]);
-          acc[c][3] = fmaf(cf[c][3], sB1, acc[c][3]);
+          acc[c][0] = fmaf(cf[c][0], sc[0], acc[c][0]);
+          acc[c][1] = fmaf(cf[c][1], sc[1], acc[c][1]);
+          acc[c][2] = fmaf(cf[c][2], sc[2], acc[c][2]);
+          acc[c][3] = fmaf(cf[c][3], sc[3], acc[c][3]);
         }
       }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        wa[u] = na[u];
-        wb[u] = nb[u];
-      }
+      cur = nxt;
     }
 
     // Lane t holds columns of x row m = 2c + t / 2; lanes t and t ^ 1 together hold all four chunks.
