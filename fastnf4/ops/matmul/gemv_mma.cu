@@ -35,9 +35,12 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kSlice = 128;   // K per warp step
 #ifndef FASTNF4_MMA_UNROLL
-#define FASTNF4_MMA_UNROLL 4
+#define FASTNF4_MMA_UNROLL 2
 #endif
-constexpr int kUnroll = FASTNF4_MMA_UNROLL;  // slices per step; the next step's weights load during this one
+constexpr int kUnroll = FASTNF4_MMA_UNROLL;
+#ifndef FASTNF4_MMA_MIN_BLOCKS
+#define FASTNF4_MMA_MIN_BLOCKS 4  // resident blocks per SM asked of ptxas for M <= 4 (caps registers at 128)
+#endif  // slices per step; the next step's weights load during this one
 
 struct Params {
   const uint8_t* packed;
@@ -121,7 +124,7 @@ __device__ __forceinline__ uint32_t lookup(uint32_t lane_base, uint32_t w) {
 }
 
 template <typename T, int CG, bool kNested>
-__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2) gemv_mma_kernel(const __grid_constant__ Params p) {
   __shared__ uint32_t table[256 * 32];
   __shared__ float nested_code[kNested ? 256 : 1];
   for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
@@ -156,6 +159,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
   }
   // C columns of this lane: 2t and 2t + 1 of each group, i.e. chunks c0 = (2t) % 4 and c0 + 1.
   const int c0 = (2 * t) & 3;
+  // c0 is even, so with K % 64 == 0 and blocks of >= 64 codes both chunks of a lane share one absmax
+  const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
 
   for (long long item = warp0; item < items; item += warps) {
     const long long tile = item / p.splits, split = item - tile * p.splits;
@@ -189,6 +194,11 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
         st.wb[u] = (ok && okB) ? load_stream(pB + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
+          if ((i & 1) && pair_shares_block) {  // chunks c0 and c0 + 1 sit in one block: load once
+            st.q[u][i] = st.q[u][i - 1];
+            st.raw[u][i] = st.raw[u][i - 1];
+            continue;
+          }
           const int kc = kb + 32 * (c0 + (i & 1));
           const bool on = live && kc < K && ((i < 2) ? okA : okB);
           const long long b = on ? (((i < 2) ? baseA : baseB) + kc) >> log2_bs : 0;
