@@ -65,7 +65,7 @@ def correctness():
     g.replay()
     torch.cuda.synchronize()
     graph_ok = err(yg, ref) < 1e-2 and torch.equal(yg, y)
-    return dict(cases=cases, worst_err_ratio=worst, fails=fails[:20], nfails=len(fails), graph_ok=bool(graph_ok))
+    return dict(cases=cases, worst_err_ratio=worst, fails=fails[:400], nfails=len(fails), graph_ok=bool(graph_ok))
 
 
 def timing(ms):
