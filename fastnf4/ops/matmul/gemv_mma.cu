@@ -219,7 +219,8 @@ __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2
       load_step(s0 + kUnroll, nxt);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        // slices past s_end have zero weights, zero x and zero scales: no branch in the unrolled body
+        // slices past s_end (and chunks past K) get zero x, so their columns of C are zero whatever the
+        // (zero-byte) weights decode to: no branch in the unrolled body
         const int slice = s0 + u;
         const bool live = slice < s_end;
         const int kbase = slice * kSlice;
@@ -275,7 +276,6 @@ __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2
         for (int i = 0; i < 4; ++i) {
           // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
           sc[i] = kNested ? __fadd_rn(__fmul_rn(nested_code[cur.q[u][i]], cur.raw[u][i]), offset) : cur.raw[u][i];
-          if (kNested && cur.raw[u][i] == 0.f) sc[i] = 0.f;  // outside the weight: no contribution
         }
 #pragma unroll
         for (int c = 0; c < CG; ++c) {
