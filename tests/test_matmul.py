@@ -1,6 +1,8 @@
 """fastnf4.linear: every kernel path (GEMV, tensor-core GEMM, dequantize + matmul) against a float64
 reference, with the error bound of the issue: at most 2x the error of a dense matmul on the dequantized
 weight in the same dtype. On CPU the Triton kernels run in the interpreter, on small shapes."""
+import shutil
+
 import pytest
 import torch
 
@@ -96,3 +98,30 @@ def test_linear_op_contract_and_compile(rng):
     torch.library.opcheck(_ops.linear, args)
     f = torch.compile(lambda x, q: fastnf4.linear(x, q) * 2, fullgraph=True, backend="aot_eager")
     assert torch.equal(f(x, q), fastnf4.linear(x, q) * 2)
+
+
+# ------------------------------------------------------------------ CUDA decode kernel (host-side parts)
+@pytest.mark.parametrize("n, k", [(1024, 8192), (57344, 8192), (17, 96), (5376, 21504)])
+@pytest.mark.parametrize("warps", [64, 132 * 16, 132 * 8])
+def test_gemv_mma_plan_covers_k(n, k, warps):
+    from fastnf4.ops.matmul import gemv_mma
+
+    s, per = gemv_mma.plan(1, n, k, warps)
+    slices = -(-k // gemv_mma.SLICE)
+    assert 1 <= s <= 16 and s * per >= slices and (s - 1) * per < slices  # every split has work
+    assert s == 1 or per >= 4
+    assert gemv_mma.plan(1, n, k, warps, allow_split=False) == (1, slices)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gemv_mma_source_compiles(arch, tmp_path):
+    import ctypes
+
+    from fastnf4 import _cuda
+    from fastnf4.ops.matmul import gemv_mma
+
+    lib = _cuda.compile_source(gemv_mma.SOURCE, arch, out_dir=str(tmp_path))
+    dll = ctypes.CDLL(lib)  # loads without a GPU; the C entry points are exported
+    dll.fastnf4_gemv_mma_params_size.restype = ctypes.c_int
+    assert dll.fastnf4_gemv_mma_params_size() == ctypes.sizeof(gemv_mma.Params)

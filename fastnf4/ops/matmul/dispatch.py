@@ -2,11 +2,17 @@
 
 Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
-| M                         | path                                      |
-|---------------------------|-------------------------------------------|
-| 1 .. 2                    | fused GEMV (``gemv_kernel``)              |
-| 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)  |
-| otherwise                 | fastnf4 dequantize + cuBLAS               |
+| M                         | path                                                            |
+|---------------------------|-----------------------------------------------------------------|
+| 1 .. 4 (CUDA build there) | tensor-core decode kernel (``gemv_mma.cu``), K % 32 == 0        |
+| 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
+| 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
+| otherwise                 | fastnf4 dequantize + cuBLAS                                     |
+
+The CUDA decode kernel (benchmarks/results/h200-mma-check.json): at M = 1-2 it is 1.5-2x faster than the
+Triton GEMV on every model shape and 1.1-1.3x faster than bf16 cuBLAS on the large ones; at M = 4 it is
+1.3-3.5x faster than bitsandbytes and at or above dequantize + cuBLAS on all but the smallest k/v weight;
+at M = 8 it loses to bf16 cuBLAS by 1.5-2.5x, so it stops at 4.
 
 From the H200 runs (benchmarks/results/h200-matmul*.json): at M = 8-16 the fused GEMM beats dequantize +
 cuBLAS on the wide weights (Gemma gate_up 191 vs 264 us, gate+up 99 vs 137 us, qkv 51 vs 55 us) and loses on
@@ -26,7 +32,7 @@ import torch
 from ..dequantize import kernel as dq_kernel
 from . import gemv_mma, kernel
 
-MMA_MAX_M = 16  # CUDA tensor-core decode kernel (gemv_mma.cu) where it is built and the shape fits
+MMA_MAX_M = 4  # CUDA tensor-core decode kernel (gemv_mma.cu) where it is built and the shape fits
 GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
