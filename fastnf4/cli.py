@@ -12,13 +12,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     bench = sub.add_parser("bench", help="run a benchmark on the current CUDA GPU")
-    bench.add_argument("name", choices=["dequant", "quantize", "matmul", "paper"], help="which benchmark")
+    bench.add_argument("name", choices=["dequant", "quantize", "matmul", "paper", "e2e"], help="which benchmark")
     bench.add_argument("--models", nargs="*", default=None,
                        help="restrict to these models (llama-3.3-70b, qwen3-32b, gemma-3-27b)")
     bench.add_argument("--blocksize", type=int, default=64)
     bench.add_argument("--m", type=int, nargs="*", default=None, help="matmul: rows of x (default 1..2048)")
     bench.add_argument("--no-e2e", action="store_true", help="paper: kernels only, skip the generate() decomposition")
-    bench.add_argument("--e2e-layers", type=int, default=0, help="paper: cut Qwen3-32B to this many layers (0: all)")
+    bench.add_argument("--e2e-layers", type=int, default=0, help="paper / e2e: cut the model to this many layers (0: all)")
+    bench.add_argument("--batches", type=int, nargs="*", default=None, help="e2e: batch sizes (default 1 8)")
+    bench.add_argument("--prompt", type=int, default=160, help="e2e: prompt tokens (GSM8K-like length)")
+    bench.add_argument("--steps", type=int, default=32, help="e2e: timed decode steps")
     bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")
     opts = parser.parse_args(argv)
     if opts.version:

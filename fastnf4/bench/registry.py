@@ -16,4 +16,4 @@ def register(name: str):
 
 
 def load_all() -> None:
-    from . import dequant, matmul, paper, quantize  # noqa: F401  (modules register themselves)
+    from . import dequant, e2e, matmul, paper, quantize  # noqa: F401  (modules register themselves)
