@@ -9,20 +9,11 @@ import sys
 import torch
 
 import fastnf4
+from fastnf4.api import linear_args as args
 from fastnf4.bench.common import bnb_functional, clone_weight
 from fastnf4.bench.harness import copy_bandwidth, environment, rotation_count, selected_shapes, time_graph
-from fastnf4.codebooks import kernel_code
+from fastnf4.bench.matmul import rel_err as err
 from fastnf4.ops.matmul import dispatch, gemv_mma
-
-
-def args(q, bias=None):
-    n, k = q.shape
-    return (q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k, q.nested_code,
-            q.nested_absmax, q.offset, q.nested_blocksize, bias)
-
-
-def err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 def correctness():

@@ -57,6 +57,13 @@ def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor
     return out.view(q.shape)
 
 
+def linear_args(q: NF4Weight, bias: torch.Tensor | None = None) -> tuple:
+    """The arguments after ``x`` of ``fastnf4::linear`` (and of the matmul kernels behind it) for a 2-D ``q``."""
+    n, k = q.shape
+    return (q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k, q.nested_code,
+            q.nested_absmax, q.offset, q.nested_blocksize, bias)
+
+
 def linear(x: torch.Tensor, q: NF4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequantize(q, x.dtype).T + bias`` for a 2-D ``q`` ([out_features, in_features]) and ``x`` of any
     leading shape, fp16/bf16 (fp32 works). Fused kernels read the packed weight directly (GEMV for a few
@@ -67,6 +74,4 @@ def linear(x: torch.Tensor, q: NF4Weight, bias: torch.Tensor | None = None) -> t
         raise ValueError(f"linear needs a 2-D weight [out_features, in_features], got shape {tuple(q.shape)}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    n, k = q.shape
-    return _ops.linear(x, q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k,
-                       q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize, bias)
+    return _ops.linear(x, *linear_args(q, bias))

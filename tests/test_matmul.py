@@ -8,6 +8,7 @@ import torch
 
 import fastnf4
 from fastnf4 import _triton
+from fastnf4.api import linear_args
 from fastnf4.codebooks import kernel_code
 from fastnf4.ops.matmul import dispatch
 
@@ -19,10 +20,7 @@ def rel_err(y, ref):
 
 
 def run_path(x, q, bias, path):
-    n, k = q.shape
-    return dispatch.linear_triton(x, q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k,
-                                  q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize, bias, path=path,
-                                  manual_bf16=_triton.interpreter_enabled())
+    return dispatch.linear_triton(x, *linear_args(q, bias), path=path, manual_bf16=_triton.interpreter_enabled())
 
 
 needs_triton = pytest.mark.skipif(not _triton.use_triton(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")

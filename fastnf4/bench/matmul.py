@@ -19,12 +19,10 @@ M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048)
 
 
 def _forced(x, q, path):
-    from fastnf4.codebooks import kernel_code
+    from fastnf4.api import linear_args
     from fastnf4.ops.matmul import dispatch
 
-    n, k = q.shape
-    return dispatch.linear_triton(x, q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k,
-                                  q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize, None, path=path)
+    return dispatch.linear_triton(x, *linear_args(q), path=path)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -63,7 +61,8 @@ def run(opts) -> dict:
             row["err_ratio"] = row["err_fastnf4"] / row["err_cublas_dequant"]
             from fastnf4.ops.matmul import dispatch, gemv_mma
 
-            mma_ok = m <= dispatch.MMA_MAX_M and gemv_mma.supports(x, q.packed_u8, opts.blocksize, n, k)
+            mma_ok = m <= dispatch.MMA_MAX_M and gemv_mma.supports(
+                x, q.packed_u8, opts.blocksize, n, k, q.nested_code is not None, q.nested_blocksize)
             row["path"] = dispatch.choose_path(m, n, k, opts.blocksize, mma_ok)
             floor_bytes = nf4_bytes + m * k * 2 + m * n * 2
             row["floor_us"] = floor_bytes / copy["GBps"] / 1e3

@@ -10,7 +10,6 @@ cuobjdump. The paper's A100 figures are printed beside the H200 measurements.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import re
 import shutil
@@ -33,20 +32,13 @@ PAPER_A100 = {
 
 def build(arch: str | None = None, out_dir: str | None = None) -> str:
     """Compile ``nf4_variants.cu`` to a shared library (cached by source hash and arch); returns its path."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    from fastnf4 import _cuda
+
+    if shutil.which("nvcc") is None:
         raise RuntimeError("the paper study needs nvcc to build its CUDA variants")
     if arch is None:
-        major, minor = torch.cuda.get_device_capability()
-        arch = f"sm_{major}{minor}"
-    src = open(SOURCE, "rb").read()
-    tag = hashlib.sha256(src + arch.encode()).hexdigest()[:12]
-    out_dir = out_dir or os.path.join(tempfile.gettempdir(), "fastnf4-study")
-    os.makedirs(out_dir, exist_ok=True)
-    lib = os.path.join(out_dir, f"libnf4study-{arch}-{tag}.so")
-    if not os.path.exists(lib):
-        subprocess.run([nvcc, f"-arch={arch}", "-O3", "-Xcompiler", "-fPIC", "--shared", "-o", lib, SOURCE], check=True)
-    return lib
+        arch = _cuda.device_arch(torch.cuda.current_device())
+    return _cuda.compile_source(SOURCE, arch, out_dir or os.path.join(tempfile.gettempdir(), "fastnf4-study"))
 
 
 class Variants:

@@ -11,17 +11,12 @@ import pytest
 import torch
 
 import fastnf4
+from fastnf4.api import linear_args
 from fastnf4.codebooks import kernel_code
 from fastnf4.ops.dequantize.naive import decode_absmax, unpack_nibbles
 from fastnf4.ops.matmul import dispatch, gemv_mma
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _args(q, bias=None):
-    n, k = q.shape
-    return (q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k, q.nested_code,
-            q.nested_absmax, q.offset, q.nested_blocksize, bias)
 
 
 def _model(q, x, bias):
@@ -61,7 +56,7 @@ def test_matches_arithmetic_model(n, k, blocksize, nested, dtype):
         ref = _model(q, x, bias)
         for splits in (None, (1, slices), (3, -(-slices // 3))):
             y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-            gemv_mma.launch(x, *_args(q, bias), y=y, splits=splits)
+            gemv_mma.launch(x, *linear_args(q, bias), y=y, splits=splits)
             # float32 accumulation then one rounding to the output dtype
             tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
             assert torch.isfinite(y).all()
@@ -78,7 +73,7 @@ def test_error_budget_against_cublas(n, k, m, dtype):
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     ref = x.double() @ wd.double().T
     y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    gemv_mma.launch(x, *_args(q), y=y)
+    gemv_mma.launch(x, *linear_args(q), y=y)
     assert _rel(y, ref) <= 2 * _rel(x @ wd.T, ref)
 
 

@@ -73,8 +73,8 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
     """[M, N] result on the current stream; ``path`` forces a kernel (benchmarks, tests)."""
     m = x2d.shape[0]
     if path is None:
-        mma_ok = (not manual_bf16 and m <= MMA_MAX_M and (nested_code is None or nested_blocksize == 256)
-                  and gemv_mma.supports(x2d, packed, blocksize, n, k))
+        mma_ok = (not manual_bf16 and m <= MMA_MAX_M
+                  and gemv_mma.supports(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize))
         path = choose_path(m, n, k, blocksize, mma_ok)
     w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
     if path == "mma":

@@ -21,7 +21,7 @@
 // so results do not depend on timing. Warps are persistent: grid = resident blocks, items strided.
 //
 // Requirements checked by the caller: K % 32 == 0, x and y contiguous with 16-byte aligned rows (K % 8),
-// packed 16-byte aligned, blocksize >= 32.
+// packed 16-byte aligned, blocksize >= 32, nested statistics in blocks of 256 (bitsandbytes' only value).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -55,7 +55,6 @@ struct Params {
   int* counters;               // [tiles], zero between launches
   long long M, N, K;
   long long blocksize;
-  long long nested_blocksize;  // 256 (bitsandbytes' only value)
   long long splits;            // S
   long long slices_per_split;
   const float* code;           // [16] values of the 4-bit codes (nf4 or fp4)

@@ -27,14 +27,15 @@ class Params(ctypes.Structure):
         ("nested_absmax", ctypes.c_void_p), ("offset", ctypes.c_void_p), ("x", ctypes.c_void_p),
         ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("partial", ctypes.c_void_p), ("counters", ctypes.c_void_p),
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong), ("blocksize", ctypes.c_longlong),
-        ("nested_blocksize", ctypes.c_longlong), ("splits", ctypes.c_longlong),
+        ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p),
     ]
 
 
 class _Lib:
-    def __init__(self, lib: ctypes.CDLL):
+    def __init__(self, lib: ctypes.CDLL, index: int):
         self.lib = lib
+        self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         lib.fastnf4_gemv_mma.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                          ctypes.c_int, ctypes.c_void_p]
         lib.fastnf4_gemv_mma.restype = ctypes.c_int
@@ -52,7 +53,7 @@ class _Lib:
 @functools.cache
 def _lib_for(index: int) -> _Lib | None:
     lib = _cuda.load(SOURCE, torch.device("cuda", index))
-    return None if lib is None else _Lib(lib)
+    return None if lib is None else _Lib(lib, index)
 
 
 def _index(device: torch.device) -> int:
@@ -72,10 +73,12 @@ def _counters_for(index: int) -> torch.Tensor | None:
     return buf
 
 
-def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k: int) -> bool:
+def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k: int, nested: bool = False,
+             nested_blocksize: int = 256) -> bool:
     """Shapes and layouts the kernel handles; everything else goes to the Triton paths."""
     m = x2d.shape[0]
     return (x2d.is_cuda and x2d.dtype in _DTYPES and 1 <= m <= MAX_M and k % 32 == 0 and blocksize >= 32
+            and (not nested or nested_blocksize == 256)  # the kernel indexes nested statistics with b >> 8
             and packed.data_ptr() % 16 == 0 and x2d.data_ptr() % 16 == 0 and x2d.is_contiguous()
             and _lib_for(_index(x2d.device)) is not None)
 
@@ -117,7 +120,7 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
     occ = lib.occupancy[(dt, cg, int(nested))]
     if occ <= 0:
         raise RuntimeError("gemv_mma kernel cannot be resident on this GPU")
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    sms = lib.sms
     counters = _counters_for(index)
     tiles = -(-n // 16)
     s, per = splits or plan(m, n, k, sms * occ * WARPS_PER_BLOCK, allow_split=counters is not None and tiles <= _COUNTERS)
@@ -133,7 +136,7 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
         bias=bias.data_ptr() if bias is not None else None, y=y.data_ptr(),
         partial=partial.data_ptr() if partial is not None else None,
         counters=counters.data_ptr() if counters is not None else None,
-        M=m, N=n, K=k, blocksize=blocksize, nested_blocksize=nested_blocksize, splits=s, slices_per_split=per,
+        M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
         code=code.data_ptr(),
     )
     rc = lib.lib.fastnf4_gemv_mma(ctypes.byref(p), dt, cg, int(nested), grid,
