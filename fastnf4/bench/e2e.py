@@ -59,8 +59,27 @@ def _elapsed(fn, n: int) -> list[float]:
     return out
 
 
+def _profile(fn, n: int, top: int) -> dict:
+    """Kernel-time split of ``n`` calls of ``fn`` (graph replays included: the profiler sees their kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fastnf4.study.e2e import kernel_split
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    split = kernel_split(prof, top)
+    total = split["total_us"] or float("nan")
+    return {"gpu_us_per_step": split["total_us"] / n,
+            "share_4bit": (split["dequant_us"] + split["other_4bit_us"]) / total,
+            "share_dequant": split["dequant_us"] / total,
+            "top_kernels": [(k, c / n, t / n) for k, c, t in split.get("top", [])]}
+
+
 @torch.inference_mode()
-def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool) -> dict:
+def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool, top: int = 0) -> dict:
     vocab = model.config.vocab_size
     cache = _cache(model, batch, prompt + 2 * steps + 16)
     ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
@@ -85,10 +104,13 @@ def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool) -> dic
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             step()
-        times = _elapsed(g.replay, steps)
+        fn = g.replay
     else:
-        times = _elapsed(step, steps)
-    return {"ttft_us": ttft, "step_us": statistics.median(times), "tok_per_s": batch * 1e6 / statistics.median(times)}
+        fn = step
+    times = _elapsed(fn, steps)
+    out = {"ttft_us": ttft, "step_us": statistics.median(times), "tok_per_s": batch * 1e6 / statistics.median(times)}
+    out.update(_profile(fn, 4, top))  # after the timing: the profiler never overlaps a timed step
+    return out
 
 
 @register("e2e")

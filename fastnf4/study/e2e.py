@@ -15,7 +15,28 @@ import time
 import torch
 
 DEQUANT = re.compile(r"kDequantize|dequantize_4bit", re.I)
-FOUR_BIT = re.compile(r"4bit|gemv|nf4|kgemm", re.I)
+# other 4-bit kernels: bitsandbytes' kgemm_4bit*, fastnf4's gemv_mma / gemv / gemm Triton kernels
+FOUR_BIT = re.compile(r"4bit|gemv|nf4|kgemm|^gemm_kernel", re.I)
+
+
+def kernel_split(prof, top: int = 0) -> dict:
+    """GPU kernel time of a finished ``torch.profiler`` run, split into 4-bit dequantize kernels, other 4-bit
+    kernels and the rest (microseconds); with ``top`` > 0 also the ``top`` kernels by total time."""
+    dq = fb = total = 0.0
+    names = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if ev.device_type is not None and str(ev.device_type).endswith("CUDA") and t:
+            total += t
+            names.append((t, ev.count, ev.key))
+            if DEQUANT.search(ev.key):
+                dq += t
+            elif FOUR_BIT.search(ev.key):
+                fb += t
+    out = {"total_us": total, "dequant_us": dq, "other_4bit_us": fb}
+    if top:
+        out["top"] = [(k[:80], c, t) for t, c, k in sorted(names, reverse=True)[:top]]
+    return out
 
 
 def build_config(name: str, layers: int | None = None):
@@ -75,15 +96,8 @@ def profile_generate(model, batch: int, prompt: int, new_tokens: int) -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             model.generate(ids, **kw)
             torch.cuda.synchronize()
-    dq = fb = total = 0.0
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
-        if ev.device_type is not None and str(ev.device_type).endswith("CUDA") and t:
-            total += t
-            if DEQUANT.search(ev.key):
-                dq += t
-            elif FOUR_BIT.search(ev.key):
-                fb += t
+    split = kernel_split(prof)
+    dq, fb, total = split["dequant_us"], split["other_4bit_us"], split["total_us"]
     return {"batch": batch, "wall_s": wall, "gpu_kernel_s": total / 1e6, "dequant_s": dq / 1e6,
             "other_4bit_s": fb / 1e6, "dequant_share_of_gpu": dq / total if total else 0.0,
             "dequant_share_of_wall": dq / 1e6 / wall if wall else 0.0}
