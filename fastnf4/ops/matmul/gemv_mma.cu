@@ -342,11 +342,300 @@ __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Pipelined decode kernel for M <= 4 (column groups 1 and 2): same arithmetic and fragment layout as above,
+// organised to issue fewer instructions per code and to keep more bytes in flight (ncu on v3, Llama gate_up
+// M = 1: 0.52 instructions issued per scheduler cycle, 7.3 cycles between a warp's instructions, ~8.6
+// instructions per packed byte, 128 registers with spills, 16 warps per SM):
+// - one PRMT + one LDS per packed byte: the table entry v of lane l sits at byte v * 256 + 4 l, so a single
+//   byte permute of (word, 4 l) yields the address (the upper 128 bytes of every entry are unused);
+// - weights go global -> shared with cp.async into a per-warp ring of kStages slices (each lane copies and
+//   later reads only its own 32 bytes, so no warp synchronisation is needed), kStages - 1 slices in flight;
+//   the ring runs across work items, so a warp never drains it between items;
+// - statistics are decoded once per kPhase slices into a per-warp table (row x 32-code chunk, float32), with
+//   coalesced loads spread over the lanes instead of 4-8 scattered loads per lane per slice;
+// - x is prefetched one slice ahead in registers; 32-bit offsets inside a work item.
+namespace pipe {
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+#ifndef FASTNF4_MMA_STAGES
+#define FASTNF4_MMA_STAGES 6
+#endif
+constexpr int kStages = FASTNF4_MMA_STAGES;
+constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
+constexpr int kStatStride = 36;                // floats per row: 32 + 4 so that rows g and g + 1 differ by 4 banks
+constexpr int kTableBytes = 256 * 256;
+constexpr int kRingBytes = kStages * 1024;     // [stage][row half A/B][lane] x 16 bytes
+constexpr int kWarpBytes = kRingBytes + 16 * kStatStride * 4;
+constexpr int kSmem = kTableBytes + kWarps * kWarpBytes;
+}  // namespace pipe
+
+template <int j>
+__device__ __forceinline__ uint32_t lookup_pipe(uint32_t table_s, uint32_t lane4, uint32_t w) {
+  // bytes of the result: [4 l, byte j of w, 0, 0] -> (byte << 8) + 4 l
+  const uint32_t off = __byte_perm(w, lane4, 0x5504u | (j << 4));
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(table_s + off));
+  return v;
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int n>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n)); }
+
+// Where a warp is in its sequence of (work item, slice): items warp0, warp0 + warps, ...
+struct Cursor {
+  long long item, tile;
+  int slice, s_begin, s_end;
+  bool okA, okB;
+  const uint8_t* pA;  // packed bytes of row tile * 16 + g at K offset 32 t
+};
+
+template <typename T, int CG, bool kNested>
+__global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
+  using pipe::kStages; using pipe::kPhase; using pipe::kStatStride; using pipe::kTableBytes;
+  using pipe::kRingBytes; using pipe::kWarpBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float nested_code[kNested ? 256 : 1];
+  uint32_t* table = reinterpret_cast<uint32_t*>(smem);
+  for (int i = threadIdx.x; i < 256 * 32; i += pipe::kThreads) {
+    const int v = i >> 5;
+    table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
+  }
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += pipe::kThreads) nested_code[i] = __ldg(p.nested_code + i);
+  }
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  uint8_t* wsm = smem + kTableBytes + warp * kWarpBytes;
+  float* stats = reinterpret_cast<float*>(wsm + kRingBytes);
+  const uint32_t table_s = static_cast<uint32_t>(__cvta_generic_to_shared(table));
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
+  const uint32_t lane4 = 4 * lane;
+  const long long N = p.N, K = p.K;
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const long long items = ((N + 15) / 16) * p.splits;
+  const int slices = static_cast<int>((K + kSlice - 1) / kSlice);
+  const int per = static_cast<int>(p.slices_per_split);
+  const long long warp0 = (long long)blockIdx.x * pipe::kWarps + warp;
+  const long long warps = (long long)gridDim.x * pipe::kWarps;
+  const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
+
+  auto start = [&](Cursor& c, long long item) {
+    c.item = item;
+    c.tile = item / p.splits;
+    c.s_begin = static_cast<int>((item - c.tile * p.splits) * per);
+    c.slice = c.s_begin;
+    c.s_end = min(slices, c.s_begin + per);
+    const long long rowA = c.tile * 16 + g;
+    c.okA = rowA < N;
+    c.okB = rowA + 8 < N;
+    c.pA = p.packed + ((rowA * K) >> 1) + 16 * t;
+  };
+  auto advance = [&](Cursor& c) {
+    if (++c.slice == c.s_end) start(c, c.item + warps);
+  };
+
+  // B operands as in gemv_mma_kernel: lane (g, t) carries x row m = 2c + g / 4 at its chunk when g % 4 == t
+  const T* xlane[CG];
+  bool xon[CG];
+#pragma unroll
+  for (int c = 0; c < CG; ++c) {
+    const long long m = 2 * c + (g >> 2);
+    xon[c] = ((g & 3) == t) && m < p.M;
+    xlane[c] = reinterpret_cast<const T*>(p.x) + (xon[c] ? m * K : 0) + 32 * t;
+  }
+  auto load_x = [&](const Cursor& c, uint4 (&xb)[CG][4]) {
+    const int kbase = c.slice * kSlice;
+    const bool kin = c.item < items && kbase + 32 * t < K;
+#pragma unroll
+    for (int q = 0; q < CG; ++q) {
+      const uint4* px = reinterpret_cast<const uint4*>(xlane[q] + kbase);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xb[q][i] = (xon[q] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // weights of the slice at cursor ``c`` into ring stage ``stage`` (zero bytes outside the matrix)
+  auto issue = [&](const Cursor& c, int stage) {
+    if (c.item < items) {
+      const bool kin = c.slice * kSlice + 32 * t < K;
+      const uint8_t* src = c.pA + c.slice * (kSlice / 2);
+      cp_async16(ring_s + stage * 1024, (kin && c.okA) ? src : p.packed, kin && c.okA);
+      cp_async16(ring_s + stage * 1024 + 512, (kin && c.okB) ? src + 4 * K : p.packed, kin && c.okB);
+    }
+    cp_async_commit();
+  };
+  // absmax of 32-code chunks [32 * phase, 32 * phase + 32) of the tile's 16 rows into ``stats``: lane l takes
+  // row l / 2 and chunks 16 (l % 2) .. 16 (l % 2) + 15
+  auto stage_stats = [&](const Cursor& c) {
+    const long long row = c.tile * 16 + (lane >> 1);
+    const long long k0 = (long long)c.slice * kSlice + 512 * (lane & 1);
+    const long long e0 = row * K + k0;
+    float v[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      if ((j & 1) && pair_shares_block) {
+        v[j] = v[j - 1];
+        continue;
+      }
+      const bool on = row < N && k0 + 32 * j < K;
+      const long long b = on ? (e0 + 32 * j) >> log2_bs : 0;
+      if constexpr (kNested) {
+        const uint32_t q = on ? __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b) : 0u;
+        const float na = on ? __ldg(p.nested_absmax + (b >> 8)) : 0.f;
+        v[j] = on ? __fadd_rn(__fmul_rn(nested_code[q], na), offset) : 0.f;
+      } else {
+        v[j] = on ? __ldg(reinterpret_cast<const float*>(p.absmax) + b) : 0.f;
+      }
+    }
+    __syncwarp();  // every lane is done with the previous phase
+    float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+    __syncwarp();
+  };
+
+  Cursor cp, ld;
+  start(cp, warp0);
+  ld = cp;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    issue(ld, i);
+    if (ld.item < items) advance(ld);
+  }
+  uint4 xb[CG][4];
+  load_x(cp, xb);
+  float acc[CG][4];
+#pragma unroll
+  for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+  const int c0 = (2 * t) & 3;
+  int stage = 0;
+  while (cp.item < items) {
+    const int rel = cp.slice - cp.s_begin;
+    if (rel % kPhase == 0) stage_stats(cp);
+    Cursor nx = cp;
+    advance(nx);
+    uint4 xn[CG][4];
+    load_x(nx, xn);  // next slice's x, one slice ahead
+    issue(ld, (stage + kStages - 1) % kStages);
+    if (ld.item < items) advance(ld);
+    cp_async_wait<kStages - 1>();  // this slice's group has landed (each lane waits for its own copies)
+
+    uint4 wa, wb;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wa.x), "=r"(wa.y), "=r"(wa.z), "=r"(wa.w) : "r"(ring_s + stage * 1024));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wb.x), "=r"(wb.y), "=r"(wb.z), "=r"(wb.w) : "r"(ring_s + stage * 1024 + 512));
+    const uint32_t wA[4] = {wa.x, wa.y, wa.z, wa.w};
+    const uint32_t wB[4] = {wb.x, wb.y, wb.z, wb.w};
+    float cf[CG][4];
+#pragma unroll
+    for (int c = 0; c < CG; ++c) cf[c][0] = cf[c][1] = cf[c][2] = cf[c][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      uint32_t a0, a1, a2, a3;
+      if (s & 1) {
+        a0 = lookup_pipe<2>(table_s, lane4, wA[s >> 1]);
+        a1 = lookup_pipe<2>(table_s, lane4, wB[s >> 1]);
+        a2 = lookup_pipe<3>(table_s, lane4, wA[s >> 1]);
+        a3 = lookup_pipe<3>(table_s, lane4, wB[s >> 1]);
+      } else {
+        a0 = lookup_pipe<0>(table_s, lane4, wA[s >> 1]);
+        a1 = lookup_pipe<0>(table_s, lane4, wB[s >> 1]);
+        a2 = lookup_pipe<1>(table_s, lane4, wA[s >> 1]);
+        a3 = lookup_pipe<1>(table_s, lane4, wB[s >> 1]);
+      }
+#pragma unroll
+      for (int c = 0; c < CG; ++c) {
+        const uint4 q = xb[c][s >> 1];
+        mma16816<T>(cf[c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
+      }
+    }
+    const int j = (rel % kPhase) * 4 + c0;
+    const float2 sA = *reinterpret_cast<const float2*>(stats + g * kStatStride + j);
+    const float2 sB = *reinterpret_cast<const float2*>(stats + (g + 8) * kStatStride + j);
+#pragma unroll
+    for (int c = 0; c < CG; ++c) {
+      acc[c][0] = fmaf(cf[c][0], sA.x, acc[c][0]);
+      acc[c][1] = fmaf(cf[c][1], sA.y, acc[c][1]);
+      acc[c][2] = fmaf(cf[c][2], sB.x, acc[c][2]);
+      acc[c][3] = fmaf(cf[c][3], sB.y, acc[c][3]);
+      xb[c][0] = xn[c][0]; xb[c][1] = xn[c][1]; xb[c][2] = xn[c][2]; xb[c][3] = xn[c][3];
+    }
+    stage = (stage + 1) % kStages;
+
+    if (nx.item != cp.item) {  // the work item is complete: write (or reduce) its 16 rows
+      const long long tile = cp.tile, split = cp.item - tile * p.splits;
+      const long long rowA = tile * 16 + g, rowB = rowA + 8;
+      const bool okA = cp.okA, okB = cp.okB;
+      const long long M = p.M;
+      float vA[CG], vB[CG];
+#pragma unroll
+      for (int c = 0; c < CG; ++c) {
+        vA[c] = acc[c][0] + acc[c][1];
+        vB[c] = acc[c][2] + acc[c][3];
+        vA[c] += __shfl_xor_sync(0xffffffffu, vA[c], 1);
+        vB[c] += __shfl_xor_sync(0xffffffffu, vB[c], 1);
+        acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+      }
+      const bool writer = (t & 1) == 0;
+      if (p.splits == 1) {
+        if (writer) {
+#pragma unroll
+          for (int c = 0; c < CG; ++c) {
+            const long long m = 2 * c + (t >> 1);
+            if (m < M) {
+              if (okA) Pair<T>::store(p.y, m * N + rowA, vA[c] + (p.bias ? Pair<T>::load(p.bias, rowA) : 0.f));
+              if (okB) Pair<T>::store(p.y, m * N + rowB, vB[c] + (p.bias ? Pair<T>::load(p.bias, rowB) : 0.f));
+            }
+          }
+        }
+      } else {
+        if (writer) {
+#pragma unroll
+          for (int c = 0; c < CG; ++c) {
+            const long long m = 2 * c + (t >> 1);
+            if (m < M) {
+              float* part = p.partial + (split * M + m) * N;
+              if (okA) __stcg(part + rowA, vA[c]);
+              if (okB) __stcg(part + rowB, vB[c]);
+            }
+          }
+        }
+        __threadfence();
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (last) {
+          __threadfence();
+          for (long long i = lane; i < 16 * M; i += 32) {
+            const long long m = i / 16, row = tile * 16 + (i % 16);
+            if (row >= N) continue;
+            float v = 0.f;
+            for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
+            if (p.bias) v += Pair<T>::load(p.bias, row);
+            Pair<T>::store(p.y, m * N + row, v);
+          }
+          __syncwarp();
+          if (lane == 0) atomicExch(p.counters + tile, 0);
+        }
+      }
+    }
+    cp = nx;
+  }
+  cp_async_wait<0>();
+}
+
 template <typename T, bool kNested>
 void* pick(int cg) {
   switch (cg) {
-    case 1: return (void*)gemv_mma_kernel<T, 1, kNested>;
-    case 2: return (void*)gemv_mma_kernel<T, 2, kNested>;
+    case 1: return (void*)gemv_mma_pipe<T, 1, kNested>;
+    case 2: return (void*)gemv_mma_pipe<T, 2, kNested>;
     case 4: return (void*)gemv_mma_kernel<T, 4, kNested>;
     case 8: return (void*)gemv_mma_kernel<T, 8, kNested>;
   }
@@ -364,6 +653,12 @@ using fastnf4_mma::Params;
 using fastnf4_mma::kThreads;
 using fastnf4_mma::kernel_for;
 
+namespace {
+// column groups 1 and 2 run the pipelined kernel (16 warps, dynamic shared memory), 4 and 8 the first one
+int threads_for(int cg) { return cg <= 2 ? fastnf4_mma::pipe::kThreads : kThreads; }
+int smem_for(int cg) { return cg <= 2 ? fastnf4_mma::pipe::kSmem : 0; }
+}  // namespace
+
 extern "C" {
 
 // Resident blocks per SM for a configuration (0 when it does not exist).
@@ -373,10 +668,21 @@ int fastnf4_gemv_mma_occupancy(int dtype, int cg, int nested) {
   // the 32 KiB table per block: ask for the largest shared-memory carveout so that occupancy is set by
   // registers, not by the L1/shared split the driver would pick
   cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (smem_for(cg) > 0 &&
+      cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_for(cg)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, kThreads, 0) != cudaSuccess) return 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, threads_for(cg), smem_for(cg)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
   return blocks;
 }
+
+// Warps per block of the kernel that serves column groups ``cg``.
+int fastnf4_gemv_mma_warps(int cg) { return threads_for(cg) / 32; }
 
 int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
@@ -385,7 +691,7 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int cg, int nested, int grid, c
   void* f = kernel_for(dtype, cg, nested);
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
-  return (int)cudaLaunchKernel(f, dim3(grid), dim3(kThreads), args, 0, stream);
+  return (int)cudaLaunchKernel(f, dim3(grid), dim3(threads_for(cg)), args, smem_for(cg), stream);
 }
 
 }  // extern "C"

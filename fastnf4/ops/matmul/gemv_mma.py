@@ -15,7 +15,6 @@ from ... import _cuda
 
 SOURCE = os.path.join(os.path.dirname(__file__), "gemv_mma.cu")
 MAX_M = 16
-WARPS_PER_BLOCK = 4
 SLICE = 128
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 _COUNTERS = 1 << 16  # split-K semaphores per device: one per 16-row tile (N up to 1M rows)
@@ -42,6 +41,9 @@ class _Lib:
         lib.fastnf4_gemv_mma_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_gemv_mma_occupancy.restype = ctypes.c_int
         lib.fastnf4_gemv_mma_params_size.restype = ctypes.c_int
+        lib.fastnf4_gemv_mma_warps.argtypes = [ctypes.c_int]
+        lib.fastnf4_gemv_mma_warps.restype = ctypes.c_int
+        self.warps = {cg: lib.fastnf4_gemv_mma_warps(cg) for cg in (1, 2, 4, 8)}  # per block
         if lib.fastnf4_gemv_mma_params_size() != ctypes.sizeof(Params):
             raise RuntimeError("gemv_mma.cu Params layout differs from the ctypes mirror")
         # Ask every kernel's occupancy now: it loads the module, so later launches (maybe inside a CUDA-graph
@@ -80,7 +82,14 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
     return (x2d.is_cuda and x2d.dtype in _DTYPES and 1 <= m <= MAX_M and k % 32 == 0 and blocksize >= 32
             and (not nested or nested_blocksize == 256)  # the kernel indexes nested statistics with b >> 8
             and packed.data_ptr() % 16 == 0 and x2d.data_ptr() % 16 == 0 and x2d.is_contiguous()
-            and _lib_for(_index(x2d.device)) is not None)
+            and _resident(x2d, m, nested))
+
+
+def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
+    # built here, and the kernel for this M fits on this GPU (the M <= 4 kernel asks for ~197 KiB of shared
+    # memory per block: Hopper and A100 class; smaller parts take the Triton paths)
+    lib = _lib_for(_index(x2d.device))
+    return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], column_groups(m), int(nested))] > 0
 
 
 def column_groups(m: int) -> int:
@@ -123,11 +132,12 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
     sms = lib.sms
     counters = _counters_for(index)
     tiles = -(-n // 16)
-    s, per = splits or plan(m, n, k, sms * occ * WARPS_PER_BLOCK, allow_split=counters is not None and tiles <= _COUNTERS)
+    wpb = lib.warps[cg]
+    s, per = splits or plan(m, n, k, sms * occ * wpb, allow_split=counters is not None and tiles <= _COUNTERS)
     if y is None:
         y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
     partial = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
-    grid = min(sms * occ, -(-tiles * s // WARPS_PER_BLOCK))
+    grid = min(sms * occ, -(-tiles * s // wpb))
     p = Params(
         packed=packed.data_ptr(), absmax=absmax.data_ptr(),
         nested_code=nested_code.data_ptr() if nested else None,
