@@ -1,7 +1,7 @@
 # Device script for a decode-kernel iteration: GPU tests of the kernel, SASS histogram of the M <= 2 kernel's
 # loop, ncu summary on Llama gate_up M = 1, then benchmarks/check_mma.py (QUICK=1: 5 shapes) for M = 1 2 4.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FASTNF4_COMMIT=$(cat benchmarks/.commit)
-timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu/test_gemv_mma.py 2>&1 | grep -v Warn | tail -8
+timeout 200 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/gpu/test_gemv_mma.py 2>&1 | grep -v Warn | tail -30
 so=$(ls -t ~/.cache/fastnf4/*.so 2>/dev/null | head -1)
 if [ -n "$so" ]; then
   cuobjdump -sass -fun '_ZN11fastnf4_mma13gemv_mma_pipeI13__nv_bfloat16Li1ELb1EEEvNS_6ParamsE' $so > $OUT/pipe.sass 2>&1

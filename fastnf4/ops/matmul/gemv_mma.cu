@@ -386,12 +386,11 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int n>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n)); }
 
-// Where a warp is in its sequence of (work item, slice): items warp0, warp0 + warps, ...
+// Where a warp is in its sequence of (work item, slice): items warp0, warp0 + warps, ... with item = tile *
+// splits + split; moving to the next item is an add with carry (no division in the loop).
 struct Cursor {
-  long long item, tile;
-  int slice, s_begin, s_end;
-  bool okA, okB;
-  const uint8_t* pA;  // packed bytes of row tile * 16 + g at K offset 32 t
+  long long tile;
+  int split, slice, s_end;
 };
 
 template <typename T, int CG, bool kNested>
@@ -419,27 +418,34 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
   const uint32_t lane4 = 4 * lane;
   const long long N = p.N, K = p.K;
+  const int K32 = static_cast<int>(K);  // the host keeps K < 2^31
   const int log2_bs = __ffsll(p.blocksize) - 1;
-  const long long items = ((N + 15) / 16) * p.splits;
+  const long long tiles = (N + 15) / 16;
+  const int splits = static_cast<int>(p.splits);
   const int slices = static_cast<int>((K + kSlice - 1) / kSlice);
   const int per = static_cast<int>(p.slices_per_split);
   const long long warp0 = (long long)blockIdx.x * pipe::kWarps + warp;
   const long long warps = (long long)gridDim.x * pipe::kWarps;
+  const long long wdiv = warps / splits;
+  const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
 
-  auto start = [&](Cursor& c, long long item) {
-    c.item = item;
-    c.tile = item / p.splits;
-    c.s_begin = static_cast<int>((item - c.tile * p.splits) * per);
-    c.slice = c.s_begin;
-    c.s_end = min(slices, c.s_begin + per);
-    const long long rowA = c.tile * 16 + g;
-    c.okA = rowA < N;
-    c.okB = rowA + 8 < N;
-    c.pA = p.packed + ((rowA * K) >> 1) + 16 * t;
+  auto begin = [&](Cursor& c, long long tile, int split) {
+    c.tile = tile;
+    c.split = split;
+    c.slice = split * per;
+    c.s_end = min(slices, c.slice + per);
   };
   auto advance = [&](Cursor& c) {
-    if (++c.slice == c.s_end) start(c, c.item + warps);
+    if (++c.slice == c.s_end) {
+      int split = c.split + wmod;
+      long long tile = c.tile + wdiv;
+      if (split >= splits) {
+        split -= splits;
+        ++tile;
+      }
+      begin(c, tile, split);
+    }
   };
 
   // B operands as in gemv_mma_kernel: lane (g, t) carries x row m = 2c + g / 4 at its chunk when g % 4 == t
@@ -453,7 +459,7 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
   }
   auto load_x = [&](const Cursor& c, uint4 (&xb)[CG][4]) {
     const int kbase = c.slice * kSlice;
-    const bool kin = c.item < items && kbase + 32 * t < K;
+    const bool kin = c.tile < tiles && kbase + 32 * t < K32;
 #pragma unroll
     for (int q = 0; q < CG; ++q) {
       const uint4* px = reinterpret_cast<const uint4*>(xlane[q] + kbase);
@@ -461,22 +467,37 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
       for (int i = 0; i < 4; ++i) xb[q][i] = (xon[q] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
     }
   };
-  // weights of the slice at cursor ``c`` into ring stage ``stage`` (zero bytes outside the matrix)
-  auto issue = [&](const Cursor& c, int stage) {
-    if (c.item < items) {
-      const bool kin = c.slice * kSlice + 32 * t < K;
-      const uint8_t* src = c.pA + c.slice * (kSlice / 2);
-      cp_async16(ring_s + stage * 1024, (kin && c.okA) ? src : p.packed, kin && c.okA);
-      cp_async16(ring_s + stage * 1024 + 512, (kin && c.okB) ? src + 4 * K : p.packed, kin && c.okB);
+
+  // Load cursor: weights of its slice into ring stage ``st`` (zero bytes outside the matrix), then advance.
+  Cursor ld{};
+  const uint8_t* ldA = nullptr;  // packed bytes of row ld.tile * 16 + g at K offset 32 t
+  bool ldokA = false, ldokB = false;
+  long long ld_tile_seen = -1;
+  const long long rowB_bytes = 4 * K;  // 8 rows further
+  auto issue = [&](int st) {
+    if (ld.tile < tiles) {
+      if (ld.tile != ld_tile_seen) {
+        ld_tile_seen = ld.tile;
+        const long long rowA = ld.tile * 16 + g;
+        ldokA = rowA < N;
+        ldokB = rowA + 8 < N;
+        ldA = p.packed + ((rowA * K) >> 1) + 16 * t;
+      }
+      const bool kin = ld.slice * kSlice + 32 * t < K32;
+      const uint8_t* src = ldA + ld.slice * (kSlice / 2);
+      cp_async16(ring_s + st * 1024, (kin && ldokA) ? src : p.packed, kin && ldokA);
+      cp_async16(ring_s + st * 1024 + 512, (kin && ldokB) ? src + rowB_bytes : p.packed, kin && ldokB);
+      advance(ld);
     }
     cp_async_commit();
   };
-  // absmax of 32-code chunks [32 * phase, 32 * phase + 32) of the tile's 16 rows into ``stats``: lane l takes
+  // absmax of 32-code chunks [4 c.slice, 4 c.slice + 32) of the tile's 16 rows into ``stats``: lane l takes
   // row l / 2 and chunks 16 (l % 2) .. 16 (l % 2) + 15
   auto stage_stats = [&](const Cursor& c) {
     const long long row = c.tile * 16 + (lane >> 1);
-    const long long k0 = (long long)c.slice * kSlice + 512 * (lane & 1);
+    const int k0 = c.slice * kSlice + 512 * (lane & 1);
     const long long e0 = row * K + k0;
+    const bool row_ok = row < N;
     float v[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -484,7 +505,7 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
         v[j] = v[j - 1];
         continue;
       }
-      const bool on = row < N && k0 + 32 * j < K;
+      const bool on = row_ok && k0 + 32 * j < K32;
       const long long b = on ? (e0 + 32 * j) >> log2_bs : 0;
       if constexpr (kNested) {
         const uint32_t q = on ? __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b) : 0u;
@@ -501,35 +522,34 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
     __syncwarp();
   };
 
-  Cursor cp, ld;
-  start(cp, warp0);
+  Cursor cp;
+  begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    issue(ld, i);
-    if (ld.item < items) advance(ld);
-  }
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  int st_ld = kStages - 1, st_cp = 0;
+  Cursor xc = cp;  // x runs one slice ahead of the compute cursor
   uint4 xb[CG][4];
-  load_x(cp, xb);
+  load_x(xc, xb);
+  advance(xc);
   float acc[CG][4];
 #pragma unroll
   for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
   const int c0 = (2 * t) & 3;
-  int stage = 0;
-  while (cp.item < items) {
-    const int rel = cp.slice - cp.s_begin;
-    if (rel % kPhase == 0) stage_stats(cp);
-    Cursor nx = cp;
-    advance(nx);
+  int rel = 0;  // slice index inside the work item
+  while (cp.tile < tiles) {
+    if ((rel & (kPhase - 1)) == 0) stage_stats(cp);
     uint4 xn[CG][4];
-    load_x(nx, xn);  // next slice's x, one slice ahead
-    issue(ld, (stage + kStages - 1) % kStages);
-    if (ld.item < items) advance(ld);
+    load_x(xc, xn);
+    advance(xc);
+    issue(st_ld);
+    st_ld = st_ld + 1 == kStages ? 0 : st_ld + 1;
     cp_async_wait<kStages - 1>();  // this slice's group has landed (each lane waits for its own copies)
 
     uint4 wa, wb;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wa.x), "=r"(wa.y), "=r"(wa.z), "=r"(wa.w) : "r"(ring_s + stage * 1024));
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wb.x), "=r"(wb.y), "=r"(wb.z), "=r"(wb.w) : "r"(ring_s + stage * 1024 + 512));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wa.x), "=r"(wa.y), "=r"(wa.z), "=r"(wa.w) : "r"(ring_s + st_cp * 1024));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wb.x), "=r"(wb.y), "=r"(wb.z), "=r"(wb.w) : "r"(ring_s + st_cp * 1024 + 512));
+    st_cp = st_cp + 1 == kStages ? 0 : st_cp + 1;
     const uint32_t wA[4] = {wa.x, wa.y, wa.z, wa.w};
     const uint32_t wB[4] = {wb.x, wb.y, wb.z, wb.w};
     float cf[CG][4];
@@ -555,7 +575,7 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
         mma16816<T>(cf[c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
       }
     }
-    const int j = (rel % kPhase) * 4 + c0;
+    const int j = (rel & (kPhase - 1)) * 4 + c0;
     const float2 sA = *reinterpret_cast<const float2*>(stats + g * kStatStride + j);
     const float2 sB = *reinterpret_cast<const float2*>(stats + (g + 8) * kStatStride + j);
 #pragma unroll
@@ -564,14 +584,17 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
       acc[c][1] = fmaf(cf[c][1], sA.y, acc[c][1]);
       acc[c][2] = fmaf(cf[c][2], sB.x, acc[c][2]);
       acc[c][3] = fmaf(cf[c][3], sB.y, acc[c][3]);
-      xb[c][0] = xn[c][0]; xb[c][1] = xn[c][1]; xb[c][2] = xn[c][2]; xb[c][3] = xn[c][3];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xb[c][i] = xn[c][i];
     }
-    stage = (stage + 1) % kStages;
+    ++rel;
+    if (++cp.slice < cp.s_end) continue;
 
-    if (nx.item != cp.item) {  // the work item is complete: write (or reduce) its 16 rows
-      const long long tile = cp.tile, split = cp.item - tile * p.splits;
+    // the work item is complete: write (or reduce) its 16 rows, then move to the next item
+    {
+      const long long tile = cp.tile, split = cp.split;
       const long long rowA = tile * 16 + g, rowB = rowA + 8;
-      const bool okA = cp.okA, okB = cp.okB;
+      const bool okA = rowA < N, okB = rowB < N;
       const long long M = p.M;
       float vA[CG], vB[CG];
 #pragma unroll
@@ -583,7 +606,7 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
         acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
       }
       const bool writer = (t & 1) == 0;
-      if (p.splits == 1) {
+      if (splits == 1) {
         if (writer) {
 #pragma unroll
           for (int c = 0; c < CG; ++c) {
@@ -609,7 +632,7 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
         __threadfence();
         __syncwarp();
         int last = 0;
-        if (lane == 0) last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+        if (lane == 0) last = atomicAdd(p.counters + tile, 1) == splits - 1;
         last = __shfl_sync(0xffffffffu, last, 0);
         if (last) {
           __threadfence();
@@ -617,7 +640,7 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
             const long long m = i / 16, row = tile * 16 + (i % 16);
             if (row >= N) continue;
             float v = 0.f;
-            for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
+            for (long long s = 0; s < splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
             if (p.bias) v += Pair<T>::load(p.bias, row);
             Pair<T>::store(p.y, m * N + row, v);
           }
@@ -626,7 +649,9 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
         }
       }
     }
-    cp = nx;
+    --cp.slice;
+    advance(cp);
+    rel = 0;
   }
   cp_async_wait<0>();
 }

@@ -79,7 +79,7 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
              nested_blocksize: int = 256) -> bool:
     """Shapes and layouts the kernel handles; everything else goes to the Triton paths."""
     m = x2d.shape[0]
-    return (x2d.is_cuda and x2d.dtype in _DTYPES and 1 <= m <= MAX_M and k % 32 == 0 and blocksize >= 32
+    return (x2d.is_cuda and x2d.dtype in _DTYPES and 1 <= m <= MAX_M and k % 32 == 0 and k < 2**31 and blocksize >= 32
             and (not nested or nested_blocksize == 256)  # the kernel indexes nested statistics with b >> 8
             and packed.data_ptr() % 16 == 0 and x2d.data_ptr() % 16 == 0 and x2d.is_contiguous()
             and _resident(x2d, m, nested))
