@@ -435,6 +435,9 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
     c.split = split;
     c.slice = split * per;
     c.s_end = min(slices, c.slice + per);
+    // a split past the end of K (the caller may ask for more splits than slices) still takes one all-zero
+    // slice, so that its partial sums (zeros) are written and counted; never an empty item (it would not end)
+    if (c.slice >= c.s_end) c.s_end = c.slice + 1;
   };
   auto advance = [&](Cursor& c) {
     if (++c.slice == c.s_end) {

@@ -134,6 +134,9 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
     tiles = -(-n // 16)
     wpb = lib.warps[cg]
     s, per = splits or plan(m, n, k, sms * occ * wpb, allow_split=counters is not None and tiles <= _COUNTERS)
+    per = max(1, min(int(per), -(-k // SLICE)))
+    if s < 1 or (s > 1 and (counters is None or tiles > _COUNTERS)):
+        raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
     if y is None:
         y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
     partial = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
