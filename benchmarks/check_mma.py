@@ -92,16 +92,18 @@ def timing(ms):
             if F is not None:
                 import bitsandbytes
                 provs["bnb"] = lambda i: bitsandbytes.matmul_4bit(x, bnbs[i][0].t(), quant_state=bnbs[i][1])
+            if os.environ.get("MMA_ONLY"):  # variant sweeps: the kernel alone
+                provs = {"mma": provs["mma"]}
             for name, fn in provs.items():
                 row[name + "_us"] = time_graph([lambda i=i, fn=fn: fn(i) for i in range(reps)], per_graph=20,
                                                replays=10)["median_us"]
             row["pct_floor"] = 100 * floor / row["mma_us"]
-            row["vs_cublas"] = row["cublas_us"] / row["mma_us"]
+            row["vs_cublas"] = row.get("cublas_us", float("nan")) / row["mma_us"]
             row["vs_bnb"] = row.get("bnb_us", float("nan")) / row["mma_us"]
             rows.append(row)
             print(f"{model:14s} {layer:8s} {n:6d} {k:6d} M={m:<3d} floor {floor:7.1f} mma {row['mma_us']:7.1f} "
-                  f"({row['pct_floor']:4.0f}%) cublas {row['cublas_us']:7.1f} bnb {row.get('bnb_us', 0):7.1f} "
-                  f"dq+cub {row['dq_cublas_us']:7.1f} tg {row.get('triton_gemv_us', 0):7.1f} "
+                  f"({row['pct_floor']:4.0f}%) cublas {row.get('cublas_us', 0):7.1f} bnb {row.get('bnb_us', 0):7.1f} "
+                  f"dq+cub {row.get('dq_cublas_us', 0):7.1f} tg {row.get('triton_gemv_us', 0):7.1f} "
                   f"x{row['vs_cublas']:.2f} cub x{row['vs_bnb']:.2f} bnb", flush=True)
         del ws, qs_, bnbs
         torch.cuda.empty_cache()

@@ -356,18 +356,30 @@ __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2
 //   coalesced loads spread over the lanes instead of 4-8 scattered loads per lane per slice;
 // - x is prefetched one slice ahead in registers; 32-bit offsets inside a work item.
 namespace pipe {
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * 32;
-#ifndef FASTNF4_MMA_STAGES
-#define FASTNF4_MMA_STAGES 6
+#ifndef FASTNF4_PIPE_WARPS1
+#define FASTNF4_PIPE_WARPS1 16
 #endif
-constexpr int kStages = FASTNF4_MMA_STAGES;
+#ifndef FASTNF4_PIPE_STAGES1
+#define FASTNF4_PIPE_STAGES1 6
+#endif
+#ifndef FASTNF4_PIPE_WARPS2
+#define FASTNF4_PIPE_WARPS2 16
+#endif
+#ifndef FASTNF4_PIPE_STAGES2
+#define FASTNF4_PIPE_STAGES2 6
+#endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kStatStride = 36;                // floats per row: 32 + 4 so that rows g and g + 1 differ by 4 banks
 constexpr int kTableBytes = 256 * 256;
-constexpr int kRingBytes = kStages * 1024;     // [stage][row half A/B][lane] x 16 bytes
-constexpr int kWarpBytes = kRingBytes + 16 * kStatStride * 4;
-constexpr int kSmem = kTableBytes + kWarps * kWarpBytes;
+// warps per block (one block per SM) and ring stages, per column-group count
+template <int CG> struct Cfg {
+  static constexpr int kWarps = CG == 1 ? FASTNF4_PIPE_WARPS1 : FASTNF4_PIPE_WARPS2;
+  static constexpr int kStages = CG == 1 ? FASTNF4_PIPE_STAGES1 : FASTNF4_PIPE_STAGES2;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
+  static constexpr int kWarpBytes = kRingBytes + 16 * kStatStride * 4;
+  static constexpr int kSmem = kTableBytes + 64 + kWarps * kWarpBytes;  // + 64 zero bytes (x outside K)
+};
 }  // namespace pipe
 
 template <int j>
@@ -379,9 +391,6 @@ __device__ __forceinline__ uint32_t lookup_pipe(uint32_t table_s, uint32_t lane4
   return v;
 }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int n>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n)); }
@@ -394,26 +403,31 @@ struct Cursor {
 };
 
 template <typename T, int CG, bool kNested>
-__global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
-  using pipe::kStages; using pipe::kPhase; using pipe::kStatStride; using pipe::kTableBytes;
-  using pipe::kRingBytes; using pipe::kWarpBytes;
+__global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
+  using C = pipe::Cfg<CG>;
+  constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
+  using pipe::kPhase; using pipe::kStatStride; using pipe::kTableBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float nested_code[kNested ? 256 : 1];
   uint32_t* table = reinterpret_cast<uint32_t*>(smem);
-  for (int i = threadIdx.x; i < 256 * 32; i += pipe::kThreads) {
+  for (int i = threadIdx.x; i < 256 * 32; i += C::kThreads) {
     const int v = i >> 5;
     table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
   }
   if constexpr (kNested) {
-    for (int i = threadIdx.x; i < 256; i += pipe::kThreads) nested_code[i] = __ldg(p.nested_code + i);
+    for (int i = threadIdx.x; i < 256; i += C::kThreads) nested_code[i] = __ldg(p.nested_code + i);
   }
+  if (threadIdx.x < 16) reinterpret_cast<uint32_t*>(smem + kTableBytes)[threadIdx.x] = 0u;
   const float offset = kNested ? __ldg(p.offset) : 0.f;
   __syncthreads();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  uint8_t* wsm = smem + kTableBytes + warp * kWarpBytes;
+  uint8_t* wsm = smem + kTableBytes + 64 + warp * kWarpBytes;
   float* stats = reinterpret_cast<float*>(wsm + kRingBytes);
+  // x of lanes that carry no x row, and x past K, is read from 64 zero bytes in shared memory through a
+  // generic pointer: no predicated loads and no register clearing per slice
+  const uint4* xzero = reinterpret_cast<const uint4*>(smem + kTableBytes);
   const uint32_t table_s = static_cast<uint32_t>(__cvta_generic_to_shared(table));
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
   const uint32_t lane4 = 4 * lane;
@@ -424,8 +438,8 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
   const int splits = static_cast<int>(p.splits);
   const int slices = static_cast<int>((K + kSlice - 1) / kSlice);
   const int per = static_cast<int>(p.slices_per_split);
-  const long long warp0 = (long long)blockIdx.x * pipe::kWarps + warp;
-  const long long warps = (long long)gridDim.x * pipe::kWarps;
+  const long long warp0 = (long long)blockIdx.x * C::kWarps + warp;
+  const long long warps = (long long)gridDim.x * C::kWarps;
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
@@ -465,32 +479,39 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
     const bool kin = c.tile < tiles && kbase + 32 * t < K32;
 #pragma unroll
     for (int q = 0; q < CG; ++q) {
-      const uint4* px = reinterpret_cast<const uint4*>(xlane[q] + kbase);
+      const uint4* px = (xon[q] && kin) ? reinterpret_cast<const uint4*>(xlane[q] + kbase) : xzero;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xb[q][i] = (xon[q] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
+      for (int i = 0; i < 4; ++i) xb[q][i] = px[i];
     }
   };
-
   // Load cursor: weights of its slice into ring stage ``st`` (zero bytes outside the matrix), then advance.
+  // Row pointers change only with the work item (rows outside N point at the start of the weights, which
+  // is never read: source size 0).
   Cursor ld{};
-  const uint8_t* ldA = nullptr;  // packed bytes of row ld.tile * 16 + g at K offset 32 t
-  bool ldokA = false, ldokB = false;
-  long long ld_tile_seen = -1;
-  const long long rowB_bytes = 4 * K;  // 8 rows further
-  auto issue = [&](int st) {
+  const uint8_t* ldA = p.packed;
+  const uint8_t* ldB = p.packed;
+  int szA = 0, szB = 0;
+  auto ld_rows = [&]() {
+    const long long rowA = ld.tile * 16 + g;
+    szA = rowA < N ? 16 : 0;
+    szB = rowA + 8 < N ? 16 : 0;
+    ldA = szA ? p.packed + ((rowA * K) >> 1) + 16 * t : p.packed;
+    ldB = szB ? ldA + 4 * K : p.packed;
+  };
+  uint32_t ring_ld = ring_s + (kStages - 1) * 1024;  // shared address of the next stage to fill
+  auto issue = [&]() {
     if (ld.tile < tiles) {
-      if (ld.tile != ld_tile_seen) {
-        ld_tile_seen = ld.tile;
-        const long long rowA = ld.tile * 16 + g;
-        ldokA = rowA < N;
-        ldokB = rowA + 8 < N;
-        ldA = p.packed + ((rowA * K) >> 1) + 16 * t;
+      const int off = ld.slice * (kSlice / 2);
+      const bool kin = 2 * off + 32 * t < K32;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ring_ld), "l"(kin ? ldA + off : ldA),
+                   "r"(kin ? szA : 0));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ring_ld + 512), "l"(kin ? ldB + off : ldB),
+                   "r"(kin ? szB : 0));
+      if (++ld.slice == ld.s_end) {
+        --ld.slice;
+        advance(ld);
+        ld_rows();
       }
-      const bool kin = ld.slice * kSlice + 32 * t < K32;
-      const uint8_t* src = ldA + ld.slice * (kSlice / 2);
-      cp_async16(ring_s + st * 1024, (kin && ldokA) ? src : p.packed, kin && ldokA);
-      cp_async16(ring_s + st * 1024 + 512, (kin && ldokB) ? src + rowB_bytes : p.packed, kin && ldokB);
-      advance(ld);
     }
     cp_async_commit();
   };
@@ -528,9 +549,15 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
   Cursor cp;
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
+  ld_rows();
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
-  int st_ld = kStages - 1, st_cp = 0;
+  for (int i = 0; i < kStages - 1; ++i) {
+    ring_ld = ring_s + i * 1024;
+    issue();
+  }
+  ring_ld = ring_s + (kStages - 1) * 1024;
+  uint32_t ring_cp = ring_s;  // shared address of the stage being computed
+  const uint32_t ring_end = ring_s + kStages * 1024;
   Cursor xc = cp;  // x runs one slice ahead of the compute cursor
   uint4 xb[CG][4];
   load_x(xc, xb);
@@ -545,14 +572,14 @@ __global__ void __launch_bounds__(pipe::kThreads, 1) gemv_mma_pipe(const __grid_
     uint4 xn[CG][4];
     load_x(xc, xn);
     advance(xc);
-    issue(st_ld);
-    st_ld = st_ld + 1 == kStages ? 0 : st_ld + 1;
+    issue();
+    ring_ld = ring_ld + 1024 == ring_end ? ring_s : ring_ld + 1024;
     cp_async_wait<kStages - 1>();  // this slice's group has landed (each lane waits for its own copies)
 
     uint4 wa, wb;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wa.x), "=r"(wa.y), "=r"(wa.z), "=r"(wa.w) : "r"(ring_s + st_cp * 1024));
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wb.x), "=r"(wb.y), "=r"(wb.z), "=r"(wb.w) : "r"(ring_s + st_cp * 1024 + 512));
-    st_cp = st_cp + 1 == kStages ? 0 : st_cp + 1;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wa.x), "=r"(wa.y), "=r"(wa.z), "=r"(wa.w) : "r"(ring_cp));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wb.x), "=r"(wb.y), "=r"(wb.z), "=r"(wb.w) : "r"(ring_cp + 512));
+    ring_cp = ring_cp + 1024 == ring_end ? ring_s : ring_cp + 1024;
     const uint32_t wA[4] = {wa.x, wa.y, wa.z, wa.w};
     const uint32_t wB[4] = {wb.x, wb.y, wb.z, wb.w};
     float cf[CG][4];
@@ -683,8 +710,12 @@ using fastnf4_mma::kernel_for;
 
 namespace {
 // column groups 1 and 2 run the pipelined kernel (16 warps, dynamic shared memory), 4 and 8 the first one
-int threads_for(int cg) { return cg <= 2 ? fastnf4_mma::pipe::kThreads : kThreads; }
-int smem_for(int cg) { return cg <= 2 ? fastnf4_mma::pipe::kSmem : 0; }
+int threads_for(int cg) {
+  return cg == 1 ? fastnf4_mma::pipe::Cfg<1>::kThreads : cg == 2 ? fastnf4_mma::pipe::Cfg<2>::kThreads : kThreads;
+}
+int smem_for(int cg) {
+  return cg == 1 ? fastnf4_mma::pipe::Cfg<1>::kSmem : cg == 2 ? fastnf4_mma::pipe::Cfg<2>::kSmem : 0;
+}
 }  // namespace
 
 extern "C" {
