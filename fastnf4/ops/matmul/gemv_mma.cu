@@ -356,6 +356,9 @@ __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2
 //   coalesced loads spread over the lanes instead of 4-8 scattered loads per lane per slice;
 // - x is prefetched one slice ahead in registers; 32-bit offsets inside a work item.
 namespace pipe {
+#ifndef FASTNF4_PIPE_XGENERIC
+#define FASTNF4_PIPE_XGENERIC 0  // 1: x through a generic pointer to zeros (measured slower, NOTES.md)
+#endif
 #ifndef FASTNF4_PIPE_WARPS1
 #define FASTNF4_PIPE_WARPS1 16
 #endif
@@ -479,9 +482,15 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     const bool kin = c.tile < tiles && kbase + 32 * t < K32;
 #pragma unroll
     for (int q = 0; q < CG; ++q) {
+#if FASTNF4_PIPE_XGENERIC
       const uint4* px = (xon[q] && kin) ? reinterpret_cast<const uint4*>(xlane[q] + kbase) : xzero;
 #pragma unroll
       for (int i = 0; i < 4; ++i) xb[q][i] = px[i];
+#else
+      const uint4* px = reinterpret_cast<const uint4*>(xlane[q] + kbase);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xb[q][i] = (xon[q] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
+#endif
     }
   };
   // Load cursor: weights of its slice into ring stage ``st`` (zero bytes outside the matrix), then advance.
