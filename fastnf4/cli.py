@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--m", type=int, nargs="*", default=None, help="matmul: rows of x (default 1..2048)")
     bench.add_argument("--no-e2e", action="store_true", help="paper: kernels only, skip the generate() decomposition")
     bench.add_argument("--e2e-layers", type=int, default=0, help="paper / e2e: cut the model to this many layers (0: all)")
-    bench.add_argument("--batches", type=int, nargs="*", default=None, help="e2e: batch sizes (default 1 8)")
+    bench.add_argument("--batches", type=int, nargs="*", default=None, help="e2e: batch sizes (default 1 8 32)")
     bench.add_argument("--prompt", type=int, default=160, help="e2e: prompt tokens (GSM8K-like length)")
     bench.add_argument("--steps", type=int, default=32, help="e2e: timed decode steps")
     bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")

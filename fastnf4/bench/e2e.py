@@ -119,7 +119,7 @@ def run(opts) -> dict:
 
     names = opts.models or ["qwen3-32b"]
     layers = opts.e2e_layers or None
-    batches = tuple(getattr(opts, "batches", None) or (1, 8))
+    batches = tuple(getattr(opts, "batches", None) or (1, 8, 32))
     variants = ["bf16", "fastnf4"] + (["bnb"] if bnb_version() else [])
     rows = []
     for name in names:

@@ -10,9 +10,11 @@ Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
 
 * ``dequantize_4bit`` and ``dequantize_4bit.out``: every blocksize, nf4 and fp4, any quant_storage; bit-exact.
 * ``quantize_4bit``: fp16/bf16/fp32 input, any quant_storage; bit-exact (packed bytes and absmax).
-* ``gemm_4bit`` (0.50): M >= 4 rows, double quant or not, bias; at M < 4 bitsandbytes' own GEMV is faster than
-  fastnf4's today (benchmarks/results/h200-matmul.json), so those calls stay with bitsandbytes.
-* ``gemv_4bit`` is not taken over, for the same reason.
+* ``gemm_4bit`` (0.50): M >= 4 rows, double quant or not, bias; M < 4 rows only where fastnf4's CUDA decode
+  kernel (``ops/matmul/gemv_mma.cu``) is built and fits the shape (its Triton fallback GEMV is slower than
+  bitsandbytes', benchmarks/results/h200-matmul.json), otherwise bitsandbytes keeps them.
+* ``gemv_4bit`` (0.48/0.49 decode path; statistics already decoded to float32, the 16-entry ``code`` given):
+  under the same condition as ``gemm_4bit`` at M < 4.
 
 When fastnf4 and bitsandbytes are installed together, bitsandbytes loads the entry point
 ``bitsandbytes.backends: fastnf4`` after registering its own ops, which calls :func:`autopatch` (CUDA only).
@@ -112,7 +114,9 @@ def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit
     if len(shapeB) != 2 or A.dim() == 0 or A.shape[-1] != shapeB[1]:
         return False
     n, k = shapeB
-    if A.numel() // k < GEMM_MIN_M or A.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if A.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if A.numel() // k < GEMM_MIN_M and not _decode_kernel_ok(A, B, k, blocksize):
         return False
     if bias is not None and (bias.dtype != A.dtype or tuple(bias.shape) != (n,)):
         return False
@@ -126,6 +130,35 @@ def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit
         and absmax_code is not None and absmax_code.dtype == torch.float32 and absmax_code.numel() == 256
         and absmax_offset is not None and absmax_offset.dtype == torch.float32 and absmax_offset.numel() == 1
     )
+
+
+def _decode_kernel_ok(A, B, k, blocksize) -> bool:
+    """A decode-size call (M < 4) that fastnf4's CUDA tensor-core decode kernel takes."""
+    if not A.is_cuda or k == 0 or A.numel() % k:
+        return False
+    from fastnf4.ops.matmul import gemv_mma
+
+    x2d = A.reshape(-1, k)
+    return gemv_mma.supports(x2d, _as_bytes(B), blocksize, A.numel() // k, k)
+
+
+def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
+    args = (A, B, shapeB, absmax, code, blocksize)
+    covered = (
+        len(shapeB) == 2 and A.dim() > 0 and A.shape[-1] == shapeB[1] and A.dtype in (torch.float16, torch.bfloat16)
+        and code.dtype == torch.float32 and code.numel() == 16 and code.device == A.device
+        and absmax.dtype == torch.float32 and absmax.device == A.device and absmax.is_contiguous()
+        and absmax.numel() == -(-(shapeB[0] * shapeB[1]) // blocksize)
+        and _packed_covered(B, blocksize, "nf4", shapeB[0] * shapeB[1], A.dtype)
+        and _decode_kernel_ok(A, B, shapeB[1], blocksize)
+    )
+    if not covered:
+        return _fallback("gemv_4bit", keyset, *args)
+    from fastnf4 import _ops
+
+    CALLS["gemv_4bit"] += 1
+    n, k = shapeB
+    return _ops.linear(A, _as_bytes(B), absmax, code.contiguous(), blocksize, n, k, None, None, None, 256, None)
 
 
 def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
@@ -151,6 +184,7 @@ _IMPLS = {
     "dequantize_4bit.out": _dequantize_4bit_out,
     "quantize_4bit": _quantize_4bit,
     "gemm_4bit": _gemm_4bit,
+    "gemv_4bit": _gemv_4bit,
 }
 
 

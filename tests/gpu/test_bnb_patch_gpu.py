@@ -36,3 +36,41 @@ def test_transformers_bnb_model_runs_on_fastnf4(tiny_llama_checkpoint, bnb_load)
     rel = ((logits1 - logits0).norm() / logits0.norm()).item()
     assert rel < 2e-2, rel
     assert (logits1.argmax(-1) == logits0.argmax(-1)).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("nested", [False, True])
+def test_decode_sizes_take_the_decode_kernel(m, nested):
+    """gemm_4bit at M < 4 (bitsandbytes 0.50's decode path) and gemv_4bit (0.48/0.49's) go to fastnf4's CUDA
+    decode kernel where it is built, with results within GEMM rounding of bitsandbytes' own."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    from fastnf4.ops.matmul import gemv_mma
+
+    torch.manual_seed(m)
+    n, k = 3000, 4096
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=nested)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    if not gemv_mma.supports(x, p.view(-1), 64, n, k, nested):
+        pytest.skip("CUDA decode kernel not built here")
+    ref = x.double() @ F.dequantize_4bit(p, qs).double().T
+    fastnf4.unpatch_bitsandbytes()
+    y0 = bnb.matmul_4bit(x, p.t(), quant_state=qs)
+    fastnf4.patch_bitsandbytes(("cuda",))
+    integ.CALLS.clear()
+    try:
+        y1 = bnb.matmul_4bit(x, p.t(), quant_state=qs)
+        absmax = qs.absmax if not nested else (
+            F.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset)
+        y2 = torch.ops.bitsandbytes.gemv_4bit(x, p, [n, k], absmax.float().contiguous(), qs.code, 64)
+        calls = dict(integ.CALLS)
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+    assert calls.get("gemm_4bit") == 1 and calls.get("gemv_4bit") == 1, calls
+
+    def rel(y):
+        return ((y.double() - ref).norm() / ref.norm()).item()
+
+    assert rel(y1) <= 2 * rel(y0) + 1e-6 and rel(y2) <= 2 * rel(y0) + 1e-6, (rel(y0), rel(y1), rel(y2))
