@@ -109,7 +109,8 @@ def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool, top: i
         fn = step
     times = _elapsed(fn, steps)
     out = {"ttft_us": ttft, "step_us": statistics.median(times), "tok_per_s": batch * 1e6 / statistics.median(times)}
-    out.update(_profile(fn, 4, top))  # after the timing: the profiler never overlaps a timed step
+    if top >= 0:
+        out.update(_profile(fn, 4, top))  # after the timing: the profiler never overlaps a timed step
     return out
 
 
