@@ -93,7 +93,7 @@ def test_linear_op_contract_and_compile(rng):
     x = torch.randn(3, 64, generator=rng).to(torch.bfloat16)
     args = (x, q.packed_u8, q.absmax, kernel_code("nf4", x.device), 64, 24, 64, q.nested_code, q.nested_absmax,
             q.offset, 256, None)
-    torch.library.opcheck(_ops.linear, args)
+    torch.library.opcheck(_ops.linear_op, args)
     f = torch.compile(lambda x, q: fastnf4.linear(x, q) * 2, fullgraph=True, backend="aot_eager")
     assert torch.equal(f(x, q), fastnf4.linear(x, q) * 2)
 

@@ -96,6 +96,7 @@ def column_groups(m: int) -> int:
     return 1 if m <= 2 else 2 if m <= 4 else 4 if m <= 8 else 8
 
 
+@functools.lru_cache(maxsize=4096)  # pure; called once per launch
 def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True) -> tuple[int, int]:
     """(splits, slices per split): enough work items that persistent warps finish within ~5% of each other."""
     tiles = -(-n // 16)
