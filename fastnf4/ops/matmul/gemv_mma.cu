@@ -122,6 +122,70 @@ __device__ __forceinline__ uint32_t lookup(uint32_t lane_base, uint32_t w) {
   return v;
 }
 
+// End of a work item (16 rows of one K range), shared by both kernels: sum each lane's two chunk columns with
+// its neighbour's, then write y (+ bias), or with split-K write float32 partials and let the last warp of the
+// tile (atomic counter, reset by that warp) add the S partials in split order: bitwise repeatable.
+template <typename T, int CG>
+__device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[CG][4], long long tile,
+                                            long long split, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const long long M = p.M, N = p.N;
+  const long long rowA = tile * 16 + g, rowB = rowA + 8;
+  const bool okA = rowA < N, okB = rowB < N;
+  // Lane t holds columns of x row m = 2c + t / 2; lanes t and t ^ 1 together hold all four chunks.
+  float vA[CG], vB[CG];
+#pragma unroll
+  for (int c = 0; c < CG; ++c) {
+    vA[c] = acc[c][0] + acc[c][1];
+    vB[c] = acc[c][2] + acc[c][3];
+    vA[c] += __shfl_xor_sync(0xffffffffu, vA[c], 1);
+    vB[c] += __shfl_xor_sync(0xffffffffu, vB[c], 1);
+  }
+  const bool writer = (t & 1) == 0;
+  if (p.splits == 1) {
+    if (writer) {
+#pragma unroll
+      for (int c = 0; c < CG; ++c) {
+        const long long m = 2 * c + (t >> 1);
+        if (m < M) {
+          if (okA) Pair<T>::store(p.y, m * N + rowA, vA[c] + (p.bias ? Pair<T>::load(p.bias, rowA) : 0.f));
+          if (okB) Pair<T>::store(p.y, m * N + rowB, vB[c] + (p.bias ? Pair<T>::load(p.bias, rowB) : 0.f));
+        }
+      }
+    }
+    return;
+  }
+  if (writer) {
+#pragma unroll
+    for (int c = 0; c < CG; ++c) {
+      const long long m = 2 * c + (t >> 1);
+      if (m < M) {
+        float* part = p.partial + (split * M + m) * N;
+        if (okA) __stcg(part + rowA, vA[c]);
+        if (okB) __stcg(part + rowB, vB[c]);
+      }
+    }
+  }
+  __threadfence();
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+  last = __shfl_sync(0xffffffffu, last, 0);
+  if (!last) return;
+  __threadfence();
+  // The last warp of this tile adds the S partials in split order; each lane takes (m, row) pairs.
+  for (long long i = lane; i < 16 * M; i += 32) {
+    const long long m = i / 16, row = tile * 16 + (i % 16);
+    if (row >= N) continue;
+    float v = 0.f;
+    for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
+    if (p.bias) v += Pair<T>::load(p.bias, row);
+    Pair<T>::store(p.y, m * N + row, v);
+  }
+  __syncwarp();
+  if (lane == 0) atomicExch(p.counters + tile, 0);
+}
+
 template <typename T, int CG, bool kNested>
 __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2) gemv_mma_kernel(const __grid_constant__ Params p) {
   __shared__ uint32_t table[256 * 32];
@@ -287,58 +351,7 @@ __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2
       cur = nxt;
     }
 
-    // Lane t holds columns of x row m = 2c + t / 2; lanes t and t ^ 1 together hold all four chunks.
-    float vA[CG], vB[CG];
-#pragma unroll
-    for (int c = 0; c < CG; ++c) {
-      vA[c] = acc[c][0] + acc[c][1];
-      vB[c] = acc[c][2] + acc[c][3];
-      vA[c] += __shfl_xor_sync(0xffffffffu, vA[c], 1);
-      vB[c] += __shfl_xor_sync(0xffffffffu, vB[c], 1);
-    }
-    const bool writer = (t & 1) == 0;
-    if (p.splits == 1) {
-      if (writer) {
-#pragma unroll
-        for (int c = 0; c < CG; ++c) {
-          const long long m = 2 * c + (t >> 1);
-          if (m < M) {
-            if (okA) Pair<T>::store(p.y, m * N + rowA, vA[c] + (p.bias ? Pair<T>::load(p.bias, rowA) : 0.f));
-            if (okB) Pair<T>::store(p.y, m * N + rowB, vB[c] + (p.bias ? Pair<T>::load(p.bias, rowB) : 0.f));
-          }
-        }
-      }
-      continue;
-    }
-    if (writer) {
-#pragma unroll
-      for (int c = 0; c < CG; ++c) {
-        const long long m = 2 * c + (t >> 1);
-        if (m < M) {
-          float* part = p.partial + (split * M + m) * N;
-          if (okA) __stcg(part + rowA, vA[c]);
-          if (okB) __stcg(part + rowB, vB[c]);
-        }
-      }
-    }
-    __threadfence();
-    __syncwarp();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (!last) continue;
-    __threadfence();
-    // The last warp of this tile adds the S partials in split order; each lane takes (m, row) pairs.
-    for (long long i = lane; i < 16 * M; i += 32) {
-      const long long m = i / 16, row = tile * 16 + (i % 16);
-      if (row >= N) continue;
-      float v = 0.f;
-      for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
-      if (p.bias) v += Pair<T>::load(p.bias, row);
-      Pair<T>::store(p.y, m * N + row, v);
-    }
-    __syncwarp();
-    if (lane == 0) atomicExch(p.counters + tile, 0);
+    finish_item<T, CG>(p, acc, tile, split, lane);
   }
 }
 
@@ -430,7 +443,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   float* stats = reinterpret_cast<float*>(wsm + kRingBytes);
   // x of lanes that carry no x row, and x past K, is read from 64 zero bytes in shared memory through a
   // generic pointer: no predicated loads and no register clearing per slice
+#if FASTNF4_PIPE_XGENERIC
   const uint4* xzero = reinterpret_cast<const uint4*>(smem + kTableBytes);
+#endif
   const uint32_t table_s = static_cast<uint32_t>(__cvta_generic_to_shared(table));
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
   const uint32_t lane4 = 4 * lane;
@@ -630,64 +645,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     if (++cp.slice < cp.s_end) continue;
 
     // the work item is complete: write (or reduce) its 16 rows, then move to the next item
-    {
-      const long long tile = cp.tile, split = cp.split;
-      const long long rowA = tile * 16 + g, rowB = rowA + 8;
-      const bool okA = rowA < N, okB = rowB < N;
-      const long long M = p.M;
-      float vA[CG], vB[CG];
+    finish_item<T, CG>(p, acc, cp.tile, cp.split, lane);
 #pragma unroll
-      for (int c = 0; c < CG; ++c) {
-        vA[c] = acc[c][0] + acc[c][1];
-        vB[c] = acc[c][2] + acc[c][3];
-        vA[c] += __shfl_xor_sync(0xffffffffu, vA[c], 1);
-        vB[c] += __shfl_xor_sync(0xffffffffu, vB[c], 1);
-        acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
-      }
-      const bool writer = (t & 1) == 0;
-      if (splits == 1) {
-        if (writer) {
-#pragma unroll
-          for (int c = 0; c < CG; ++c) {
-            const long long m = 2 * c + (t >> 1);
-            if (m < M) {
-              if (okA) Pair<T>::store(p.y, m * N + rowA, vA[c] + (p.bias ? Pair<T>::load(p.bias, rowA) : 0.f));
-              if (okB) Pair<T>::store(p.y, m * N + rowB, vB[c] + (p.bias ? Pair<T>::load(p.bias, rowB) : 0.f));
-            }
-          }
-        }
-      } else {
-        if (writer) {
-#pragma unroll
-          for (int c = 0; c < CG; ++c) {
-            const long long m = 2 * c + (t >> 1);
-            if (m < M) {
-              float* part = p.partial + (split * M + m) * N;
-              if (okA) __stcg(part + rowA, vA[c]);
-              if (okB) __stcg(part + rowB, vB[c]);
-            }
-          }
-        }
-        __threadfence();
-        __syncwarp();
-        int last = 0;
-        if (lane == 0) last = atomicAdd(p.counters + tile, 1) == splits - 1;
-        last = __shfl_sync(0xffffffffu, last, 0);
-        if (last) {
-          __threadfence();
-          for (long long i = lane; i < 16 * M; i += 32) {
-            const long long m = i / 16, row = tile * 16 + (i % 16);
-            if (row >= N) continue;
-            float v = 0.f;
-            for (long long s = 0; s < splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
-            if (p.bias) v += Pair<T>::load(p.bias, row);
-            Pair<T>::store(p.y, m * N + row, v);
-          }
-          __syncwarp();
-          if (lane == 0) atomicExch(p.counters + tile, 0);
-        }
-      }
-    }
+    for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
     --cp.slice;
     advance(cp);
     rel = 0;
