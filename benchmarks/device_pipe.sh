@@ -13,7 +13,7 @@ timeout 120 ncu --clock-control none -k regex:gemv_mma --launch-skip 2 --launch-
 grep -E "Duration|DRAM Throughput|Issued Warp|Eligible Warps|Warp Cycles Per Issued|Achieved Active|Registers" $OUT/ncu.txt
 QUICK=${QUICK-1} timeout 300 python3 benchmarks/check_mma.py $OUT/mma.json ${MS:-1 2 4} 2>&1 | grep -v Warn | cut -c1-200 | tail -22
 # variants of the M <= 2 kernel (warps per block, ring stages): kernel time only, M = 1
-for v in ${VARIANTS:-"-DFASTNF4_PIPE_XGENERIC=1"}; do
+for v in ${VARIANTS:-"-DFASTNF4_PIPE_STAGES1=5"}; do
   [ -n "${NOVAR:-}" ] && break
   echo "== variant $v"; FASTNF4_NVCC_FLAGS="$v" MMA_ONLY=1 QUICK=1 timeout 100 python3 benchmarks/check_mma.py "" 1 2>&1 | grep -v Warn | grep "M=1" | cut -c1-75
 done

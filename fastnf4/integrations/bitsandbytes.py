@@ -146,10 +146,8 @@ def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
     args = (A, B, shapeB, absmax, code, blocksize)
     covered = (
         len(shapeB) == 2 and A.dim() > 0 and A.shape[-1] == shapeB[1] and A.dtype in (torch.float16, torch.bfloat16)
-        and code.dtype == torch.float32 and code.numel() == 16 and code.device == A.device
-        and absmax.dtype == torch.float32 and absmax.device == A.device and absmax.is_contiguous()
-        and absmax.numel() == -(-(shapeB[0] * shapeB[1]) // blocksize)
-        and _packed_covered(B, blocksize, "nf4", shapeB[0] * shapeB[1], A.dtype)
+        and code.dtype == torch.float32 and code.numel() == 16 and code.device == A.device and B.device == A.device
+        and _dequant_covered(B, absmax, blocksize, "nf4", shapeB[0] * shapeB[1], A.dtype)
         and _decode_kernel_ok(A, B, shapeB[1], blocksize)
     )
     if not covered:

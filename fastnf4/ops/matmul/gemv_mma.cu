@@ -369,9 +369,6 @@ __global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2
 //   coalesced loads spread over the lanes instead of 4-8 scattered loads per lane per slice;
 // - x is prefetched one slice ahead in registers; 32-bit offsets inside a work item.
 namespace pipe {
-#ifndef FASTNF4_PIPE_XGENERIC
-#define FASTNF4_PIPE_XGENERIC 0  // 1: x through a generic pointer to zeros (measured slower, NOTES.md)
-#endif
 #ifndef FASTNF4_PIPE_WARPS1
 #define FASTNF4_PIPE_WARPS1 16
 #endif
@@ -394,7 +391,7 @@ template <int CG> struct Cfg {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
   static constexpr int kWarpBytes = kRingBytes + 16 * kStatStride * 4;
-  static constexpr int kSmem = kTableBytes + 64 + kWarps * kWarpBytes;  // + 64 zero bytes (x outside K)
+  static constexpr int kSmem = kTableBytes + kWarps * kWarpBytes;
 };
 }  // namespace pipe
 
@@ -433,19 +430,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   if constexpr (kNested) {
     for (int i = threadIdx.x; i < 256; i += C::kThreads) nested_code[i] = __ldg(p.nested_code + i);
   }
-  if (threadIdx.x < 16) reinterpret_cast<uint32_t*>(smem + kTableBytes)[threadIdx.x] = 0u;
   const float offset = kNested ? __ldg(p.offset) : 0.f;
   __syncthreads();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  uint8_t* wsm = smem + kTableBytes + 64 + warp * kWarpBytes;
+  uint8_t* wsm = smem + kTableBytes + warp * kWarpBytes;
   float* stats = reinterpret_cast<float*>(wsm + kRingBytes);
-  // x of lanes that carry no x row, and x past K, is read from 64 zero bytes in shared memory through a
-  // generic pointer: no predicated loads and no register clearing per slice
-#if FASTNF4_PIPE_XGENERIC
-  const uint4* xzero = reinterpret_cast<const uint4*>(smem + kTableBytes);
-#endif
   const uint32_t table_s = static_cast<uint32_t>(__cvta_generic_to_shared(table));
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
   const uint32_t lane4 = 4 * lane;
@@ -497,18 +488,12 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     const bool kin = c.tile < tiles && kbase + 32 * t < K32;
 #pragma unroll
     for (int q = 0; q < CG; ++q) {
-#if FASTNF4_PIPE_XGENERIC
-      const uint4* px = (xon[q] && kin) ? reinterpret_cast<const uint4*>(xlane[q] + kbase) : xzero;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xb[q][i] = px[i];
-#else
       const uint4* px = reinterpret_cast<const uint4*>(xlane[q] + kbase);
 #pragma unroll
       for (int i = 0; i < 4; ++i) xb[q][i] = (xon[q] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
-#endif
     }
   };
-  // Load cursor: weights of its slice into ring stage ``st`` (zero bytes outside the matrix), then advance.
+  // Load cursor: weights of its slice into the ring stage at ``ring_ld`` (zero bytes outside the matrix).
   // Row pointers change only with the work item (rows outside N point at the start of the weights, which
   // is never read: source size 0).
   Cursor ld{};
