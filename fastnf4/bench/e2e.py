@@ -1,13 +1,21 @@
-"""``fastnf4 bench e2e`` (first cut): decode speed of a real architecture in bf16, bitsandbytes NF4 and fastnf4
-NF4, eager and captured in a CUDA graph, in one run.
+"""``fastnf4 bench e2e``: decode speed of a real architecture in bf16, bitsandbytes NF4 and fastnf4 NF4,
+eager and captured in a CUDA graph, in one process, at full depth (Llama-3.3-70B included) on one H200.
 
 The model is built from its configuration (``bench/models.json``, random weights, no hub access), cut to
-``--e2e-layers`` layers when asked; fastnf4 quantizes it layer by layer on the GPU (``quantize_model``), the
-bitsandbytes variant is quantized by bitsandbytes (``study/e2e.py``). Per batch size: prefill time of a
-``--prompt`` token prompt (time to first token), then decode steps with transformers' ``StaticCache`` driven
-by hand (one token per step, cache position in a device tensor), timed with CUDA events: eager steps, and
-replays of one captured step. Peak memory per variant. Not yet here (issue 4): the full-depth 70B run in
-one process, batch 32, the profiler's dequantize share and the plot.
+``--e2e-layers`` layers when asked, by ``study.e2e.build_model``: the skeleton is made on the ``meta`` device
+and materialised module by module on the GPU, each linear quantized (fastnf4 ``Linear4bit`` or bitsandbytes
+``Linear4bit``) as soon as its random bf16 weight exists, so the whole bf16 model never exists for the NF4
+variants. bf16 runs only where it fits: its bytes (weights counted on the meta model, static cache and
+prefill activations at the largest batch, a reserve; ``study.e2e.bf16_estimate``) are compared with the free
+GPU memory before building, and a model that does not fit is one row with a "does not fit" note.
+
+Per batch size (default 1, 8, 32): prefill time of a ``--prompt`` token prompt (time to first token), then
+decode steps with transformers' ``StaticCache`` driven by hand (one token per step, cache position in a
+device tensor), timed with CUDA events: eager steps, and replays of one captured step; for graph rows the
+torch profiler's split of the replays' GPU time (``share_4bit``: 4-bit dequantize / matmul kernels).
+Memory per variant: ``weights_gib`` (allocated after the build), ``build_peak_gib`` (peak while building and
+quantizing), and per row ``decode_peak_gib`` (peak from a reset just before that row's prefill and decode:
+weights + static cache + activations, + graph pool). Plot: ``benchmarks/plot_e2e.py``.
 """
 from __future__ import annotations
 
@@ -20,21 +28,17 @@ from fastnf4.bench.registry import register
 
 
 def _make(name: str, layers: int | None, variant: str):
-    import transformers
+    from fastnf4.study.e2e import REPLACERS, build_config, build_model
 
-    from fastnf4.study.e2e import bnb_model, build_config
+    return build_model(build_config(name, layers), REPLACERS[variant], "cuda", desc=f"{name} {variant}")
 
-    if variant == "bnb":
-        return bnb_model(name, layers)
-    cfg = build_config(name, layers)
-    with torch.device("cuda"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    if variant == "fastnf4":
-        from fastnf4.nn import quantize_model
 
-        quantize_model(model)
-        torch.cuda.empty_cache()
-    return model.eval()
+def _free_memory() -> int:
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
 
 
 def _cache(model, batch: int, length: int):
@@ -117,35 +121,65 @@ def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool, top: i
     return out
 
 
+def bf16_skip_note(cfg, batch: int, prompt: int, steps: int, free: int) -> str | None:
+    """``None`` when the bf16 model of ``cfg`` fits in ``free`` bytes at its largest ``batch`` by
+    ``study.e2e.bf16_estimate``, else the "does not fit" note of its row."""
+    from fastnf4.study.e2e import bf16_estimate
+
+    need = bf16_estimate(cfg, batch, prompt, steps)["total"]
+    if need <= free:
+        return None
+    return f"does not fit (estimated {need / 2**30:.1f} GiB > free {free / 2**30:.1f} GiB)"
+
+
 @register("e2e")
 def run(opts) -> dict:
     from fastnf4.bench.harness import bnb_version
+    from fastnf4.study.e2e import REPLACERS, build_config, build_model
 
     names = opts.models or ["qwen3-32b"]
     layers = opts.e2e_layers or None
     batches = tuple(getattr(opts, "batches", None) or (1, 8, 32))
     variants = ["fastnf4"] + (["bnb"] if bnb_version() else []) + ["bf16"]
+    gib = 2**30
     rows = []
     for name in names:
+        cfg = build_config(name, layers)
+        depth = cfg.num_hidden_layers
         for variant in progress(variants, desc=f"e2e {name}"):
+            free = _free_memory()
+            if variant == "bf16":  # decided from the estimate, before allocating anything
+                note = bf16_skip_note(cfg, max(batches), opts.prompt, opts.steps, free)
+                if note:
+                    rows.append(dict(model=name, layers=depth, variant=variant, note=note))
+                    continue
             torch.cuda.reset_peak_memory_stats()
+            model = None
             try:
-                model = _make(name, layers, variant)
-            except torch.cuda.OutOfMemoryError:
-                rows.append(dict(model=name, variant=variant, note="does not fit"))
+                model = build_model(cfg, REPLACERS[variant], "cuda", desc=f"{name} {variant}")
+            except torch.cuda.OutOfMemoryError:  # not expected (NF4 fits, bf16 was estimated): reported, not fatal
+                pass
+            if model is None:
+                rows.append(dict(model=name, layers=depth, variant=variant,
+                                 note=f"out of memory while building (free before: {free / gib:.1f} GiB)"))
+                _free_memory()
                 continue
-            mem = torch.cuda.max_memory_allocated() / 2**30
+            build_peak = torch.cuda.max_memory_allocated() / gib
+            _free_memory()
+            weights = torch.cuda.memory_allocated() / gib
             for batch in batches:
                 for graph in (False, True):
-                    row = dict(model=name, layers=model.config.num_hidden_layers, variant=variant, batch=batch,
-                               mode="graph" if graph else "eager", peak_gib=mem)
+                    row = dict(model=name, layers=depth, variant=variant, batch=batch,
+                               mode="graph" if graph else "eager", weights_gib=weights, build_peak_gib=build_peak)
+                    torch.cuda.reset_peak_memory_stats()
                     try:
                         row.update(decode_speed(model, batch, opts.prompt, opts.steps, graph, top=8))
                     except Exception as e:  # a variant that cannot be captured is reported, not fatal
                         row["note"] = f"{type(e).__name__}: {str(e)[:120]}"
+                    row["decode_peak_gib"] = torch.cuda.max_memory_allocated() / gib
                     rows.append(row)
             del model
-            torch.cuda.empty_cache()
+            _free_memory()
     base = {(r["model"], r.get("batch"), r.get("mode")): r.get("tok_per_s") for r in rows if r["variant"] == "bnb"}
     for r in rows:
         b = base.get((r["model"], r.get("batch"), r.get("mode"))) or base.get((r["model"], r.get("batch"), "eager"))
@@ -153,5 +187,6 @@ def run(opts) -> dict:
             r["vs_bnb_eager_or_same_mode"] = r["tok_per_s"] / b
     cols = [("model", "{}"), ("layers", "{}"), ("variant", "{}"), ("batch", "{}"), ("mode", "{}"), ("ttft_us", "{:.0f}"),
             ("step_us", "{:.0f}"), ("tok_per_s", "{:.1f}"), ("vs_bnb_eager_or_same_mode", "{:.2f}"),
-            ("share_4bit", "{:.2f}"), ("peak_gib", "{:.1f}"), ("note", "{}")]
+            ("share_4bit", "{:.2f}"), ("weights_gib", "{:.1f}"), ("build_peak_gib", "{:.1f}"),
+            ("decode_peak_gib", "{:.1f}"), ("note", "{}")]
     return {"rows": rows, "table": format_table(rows, cols)}

@@ -3,6 +3,9 @@ dequantization, for a bitsandbytes NF4 model, and how that changes when fastnf4 
 
 The model is the real architecture built from its configuration (``fastnf4/bench/models.json``; random weights,
 no hub access), optionally cut to fewer layers, quantized by bitsandbytes (NF4, double quant, bf16 compute).
+``build_model`` (shared with ``bench e2e``) makes the skeleton on the ``meta`` device and materialises it module
+by module, quantizing each linear as soon as its random bf16 weight exists (fastnf4 or bitsandbytes), so a
+70B model never needs its 141 GB of bf16 weights at once; ``bf16_estimate`` says what the bf16 model needs.
 GPU kernel time is split with the torch profiler into dequantize kernels, other 4-bit kernels and the rest.
 """
 from __future__ import annotations
@@ -53,31 +56,137 @@ def build_config(name: str, layers: int | None = None):
     return cfg
 
 
-def bnb_model(name: str, layers: int | None = None):
-    """The architecture with random bf16 weights on the GPU, every linear but lm_head swapped layer by layer
-    for a bitsandbytes NF4 ``Linear4bit`` (quantized by bitsandbytes on the GPU)."""
-    import bitsandbytes as bnb
+def meta_model(cfg):
+    """The architecture of ``cfg`` in bf16 on the ``meta`` device: shapes only, no memory."""
     import transformers
 
-    cfg = build_config(name, layers)
-    with torch.device("cuda"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    for mname, module in list(model.named_modules()):
-        for cname, child in list(module.named_children()):
-            if type(child) is not torch.nn.Linear or cname == "lm_head":
-                continue
-            new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                    compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4",
-                                    device="cpu")
-            new.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, compress_statistics=True,
-                                           quant_type="nf4", blocksize=64)
-            if child.bias is not None:
-                new.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
-            new = new.to("cuda")  # bitsandbytes quantizes here
-            setattr(module, cname, new)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+
+
+def param_bytes(model) -> int:
+    """Bytes of the parameters of ``model`` (tied parameters counted once); works on a meta model."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+BF16_RESERVE = 2**30  # bf16_estimate's fixed reserve (bytes)
+
+
+def bf16_estimate(cfg, batch: int, prompt: int, steps: int) -> dict:
+    """Bytes the bf16 model of ``cfg`` needs in ``bench e2e`` at ``batch`` (its largest batch): the weights
+    (counted on the meta model), the static cache of ``prompt + 2 steps + 16`` positions on every layer
+    (as ``bench.e2e.decode_speed`` allocates it), prefill activations of ``batch x prompt`` tokens (two copies
+    of the logits, the MLP's three intermediate tensors, a few hidden-size tensors) and a fixed reserve for
+    cuBLAS workspaces, graph pools and allocator rounding. An estimate, deliberately on the high side."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    tokens = batch * prompt
+    out = {"weights": param_bytes(meta_model(cfg)),
+           "cache": 2 * text.num_hidden_layers * batch * kv * head_dim * (prompt + 2 * steps + 16) * 2,
+           "activations": tokens * 2 * (2 * text.vocab_size + 3 * text.intermediate_size + 6 * text.hidden_size),
+           "reserve": BF16_RESERVE}
+    out["total"] = sum(out.values())
+    return out
+
+
+def fastnf4_linear(layer: torch.nn.Linear) -> torch.nn.Module:
+    """``build_model`` replacer: a fastnf4 NF4 ``Linear4bit`` (blocksize 64, double quant), quantized where
+    ``layer`` lies."""
+    from fastnf4.nn import Linear4bit
+
+    return Linear4bit.from_linear(layer)
+
+
+def bnb_linear(layer: torch.nn.Linear) -> torch.nn.Module:
+    """``build_model`` replacer: a bitsandbytes NF4 ``Linear4bit`` (blocksize 64, double quant, bf16 compute),
+    quantized by bitsandbytes on ``layer``'s device."""
+    import bitsandbytes as bnb
+
+    device = layer.weight.device
+    new = bnb.nn.Linear4bit(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                            compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4", device="meta")
+    new.weight = bnb.nn.Params4bit(layer.weight.data, requires_grad=False, compress_statistics=True,
+                                   quant_type="nf4", blocksize=64)
+    if layer.bias is not None:
+        new.bias = torch.nn.Parameter(layer.bias.data, requires_grad=False)
+    return new.to(device)  # bitsandbytes quantizes here
+
+
+REPLACERS = {"bf16": None, "fastnf4": fastnf4_linear, "bnb": bnb_linear}
+
+
+def _materialize(model, module, device, std: float, shared: dict) -> None:
+    """Give ``module``'s own meta parameters and buffers real storage on ``device`` and initialise them with
+    the model's ``_init_weights`` (rotary ``inv_freq`` recomputed, norms ones or zeros as the architecture
+    wants, embedding scale, ...); before that, parameters get N(0, std) and buffers zeros, so nothing is left
+    uninitialised. A tensor that several modules share (tied embeddings) is created once."""
+    fresh = False
+    with torch.no_grad():
+        for table in (module._parameters, module._buffers):
+            for key, t in list(table.items()):
+                if t is None or not t.is_meta:
+                    continue
+                if id(t) in shared and shared[id(t)][1] is not None:
+                    table[key] = shared[id(t)][1]
+                    continue
+                real = torch.empty_like(t, device=device)
+                if table is module._parameters:
+                    real = torch.nn.Parameter(real.normal_(0.0, std) if real.is_floating_point() else real.zero_(),
+                                              requires_grad=t.requires_grad)
+                else:
+                    real.zero_()
+                table[key] = real
+                fresh = True
+                if id(t) in shared:
+                    shared[id(t)] = (t, real)
+    if fresh:
+        model._init_weights(module)
+
+
+def build_model(cfg, replace=None, device="cuda", desc: str = ""):
+    """The architecture of ``cfg`` with random bf16 weights on ``device``, built without ever holding the
+    whole bf16 model: the skeleton is made on the ``meta`` device, then materialised module by module in
+    order; each ``nn.Linear`` (except ``lm_head``, ``fastnf4.nn.DEFAULT_SKIP``) is passed, as soon as its
+    weight exists, to ``replace`` (``fastnf4_linear``, ``bnb_linear``; ``None`` keeps bf16), and the bf16
+    weight is dropped. At most one bf16 linear is alive at a time besides what was already built."""
+    from fastnf4.bench.harness import progress
+    from fastnf4.nn import DEFAULT_SKIP, _matches
+
+    model = meta_model(cfg)
+    device = torch.device(device)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    std = getattr(text, "initializer_range", None) or 0.02
+    owners: dict[int, list] = {}
+    for _, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        owners.setdefault(id(t), []).append(t)
+    shared = {i: (ts[0], None) for i, ts in owners.items() if len(ts) > 1}
+    del owners
+
+    def visit(module, prefix):
+        _materialize(model, module, device, std, shared)
+        names = [n for n, c in module._modules.items() if c is not None]
+        if isinstance(module, torch.nn.ModuleList) and len(names) > 1:
+            names = progress(names, desc=f"{desc} build {prefix.rstrip('.')}".strip())
+        for cname in names:
+            child = module._modules[cname]
+            visit(child, f"{prefix}{cname}.")
+            full = f"{prefix}{cname}"
+            if replace is not None and type(child) is torch.nn.Linear and not _matches(full, DEFAULT_SKIP):
+                module._modules[cname] = replace(child)
             del child
-    torch.cuda.empty_cache()
+
+    visit(model, "")
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"build_model left tensors on meta: {left[:5]}")
     return model.eval()
+
+
+def bnb_model(name: str, layers: int | None = None, device="cuda"):
+    """The architecture with random weights on the GPU, every linear but lm_head a bitsandbytes NF4
+    ``Linear4bit`` (quantized by bitsandbytes as it is built, see ``build_model``)."""
+    return build_model(build_config(name, layers), bnb_linear, device)
 
 
 def profile_generate(model, batch: int, prompt: int, new_tokens: int) -> dict:
