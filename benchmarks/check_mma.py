@@ -27,7 +27,7 @@ def correctness():
                     w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.05
                     q = fastnf4.quantize(w, blocksize=bs, double_quant=nested)
                     wd = fastnf4.dequantize(q)
-                    for m in (1, 2, 3, 5, 8, 11, 16):
+                    for m in (1, 2, 3, 5, 8, 11, 16, 24, 32):
                         x = torch.randn(m, k, device="cuda", dtype=dtype)
                         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
                         ref = x.double() @ wd.double().T + (bias.double() if bias is not None else 0)

@@ -3,9 +3,10 @@
 Two references, both computed here in float64 from the quantized weight:
 * the dequantized weight (what the issue's error budget is stated against): relative Frobenius error at most
   2x that of cuBLAS on the same dequantized weight, on shapes with enough outputs for the ratio to be stable;
-* the kernel's own arithmetic model, for every shape including tiny ones: codes rounded to the input dtype
-  (the table), multiplied by x exactly, scaled by the float32 absmax of their block. Agreement to float32
-  accumulation error proves the fragment layout, the chunk/block bookkeeping, the tails and split-K.
+* the kernels' own arithmetic model (both kernels), for every shape including tiny ones: codes rounded to
+  the input dtype (the table), multiplied by x exactly, scaled by the float32 absmax of their block.
+  Agreement to float32 accumulation error proves the fragment layouts, the chunk/block bookkeeping, the
+  tails and split-K.
 """
 import pytest
 import torch
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _model(q, x, bias):
-    """float64 y of the kernel's arithmetic: dtype-rounded code values times float32 absmax."""
+    """float64 y of the kernels' arithmetic: dtype-rounded code values times float32 absmax."""
     n, k = q.shape
     codes = unpack_nibbles(q.packed_u8.flatten(), n * k)
     table = kernel_code(q.quant_type, q.device).to(x.dtype).double()
@@ -50,7 +51,7 @@ def test_matches_arithmetic_model(n, k, blocksize, nested, dtype):
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
                          double_quant=nested)
     slices = -(-k // 128)
-    for m in (1, 3, 5, 16):
+    for m in (1, 3, 5, 8, 16, 21, 32):
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
         ref = _model(q, x, bias)
@@ -64,7 +65,7 @@ def test_matches_arithmetic_model(n, k, blocksize, nested, dtype):
 
 
 @pytest.mark.parametrize("n, k", [(1000, 4128), (3000, 5376), (4096, 4096)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 12, 16, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_error_budget_against_cublas(n, k, m, dtype):
     torch.manual_seed(n * m)

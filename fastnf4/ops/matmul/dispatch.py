@@ -4,16 +4,19 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M                         | path                                                            |
 |---------------------------|-----------------------------------------------------------------|
-| 1 .. 4 (CUDA build there) | tensor-core decode kernel (``gemv_mma.cu``), K % 32 == 0        |
+| 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 4,   |
+|                           | GEMM kernel 4 < M <= 32), K % 32 == 0                           |
 | 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
 
-The CUDA decode kernel (benchmarks/results/h200-mma-check.json): at M = 1-2 it is 1.5-2x faster than the
-Triton GEMV on every model shape and 1.1-1.3x faster than bf16 cuBLAS on the large ones; at M = 4 it is
-1.3-3.5x faster than bitsandbytes and at or above dequantize + cuBLAS on all but the smallest k/v weight;
-at M = 8 it loses to bf16 cuBLAS by 1.5-2.5x, so it stops at 4.
+The CUDA kernels (quick runs on 5 model shapes, NOTES.md "Session 4"): the decode kernel (M <= 4) is 1.2-1.7x
+bf16 cuBLAS on the large weights at M = 1; the GEMM kernel (4 < M <= 32, session 4) is 1.1-1.5x bf16 cuBLAS at
+M = 8 on the weights of 50 MB and more, about even at M = 16 and 0.65-0.95x at M = 32, and 1.5-4x faster than
+the Triton GEMM and dequantize + cuBLAS at every M it covers, so it takes all of 5..32.
 
+The Triton paths below remain for builds without the CUDA kernels (no nvcc, FASTNF4_CUDA=0, too little shared
+memory):
 From the H200 runs (benchmarks/results/h200-matmul*.json): at M = 8-16 the fused GEMM beats dequantize +
 cuBLAS on the wide weights (Gemma gate_up 191 vs 264 us, gate+up 99 vs 137 us, qkv 51 vs 55 us) and loses on
 narrow or deep ones (down 195 vs 138 us, o 35 vs 27 us, k+v); at M = 32-64 its untuned larger tiles lose
@@ -32,7 +35,7 @@ import torch
 from ..dequantize import kernel as dq_kernel
 from . import gemv_mma, kernel
 
-MMA_MAX_M = 4  # CUDA tensor-core decode kernel (gemv_mma.cu) where it is built and the shape fits
+MMA_MAX_M = 32  # CUDA tensor-core kernels (gemv_mma.cu) where they are built and the shape fits
 GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192

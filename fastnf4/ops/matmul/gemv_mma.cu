@@ -1,26 +1,29 @@
-// Decode-size NF4 matmul (M <= 16) on tensor cores: y[M, N] = x[M, K] @ dequant(W[N, K]).T (+ bias).
+// Decode-size NF4 matmul (M <= 32) on tensor cores: y[M, N] = x[M, K] @ dequant(W[N, K]).T (+ bias).
 //
-// Why tensor cores at M = 1: the GEMV is bound by decoding (turning ~8 G codes/s into values), not by
-// multiply-adds. Here each thread decodes one packed byte (two codes) with ONE shared-memory load from a
-// 256-entry table of value pairs, and the products and float32 sums are left to mma.sync, which is idle
-// otherwise. The table is replicated 32 times (entry v of lane l at word v * 32 + l), so every lane reads
-// its own bank: no bank conflicts whatever the codes (32 KiB per block).
+// Two kernels, one fragment layout. Warp tile: 16 rows of W x one 128-wide K slice per step. Lane
+// (g = lane / 4, t = lane % 4) holds 16 packed bytes (32 codes, one "chunk") of rows n0 + g and n0 + g + 8 at K
+// offset 32 t of the slice. The k order inside an mma is free as long as A and B agree, so mma step s (0..7)
+// takes codes 4s..4s+3 of every lane's chunk: byte 2s feeds A registers a0a1 / a2a3 and byte 2s + 1 feeds
+// a4a5 / a6a7, with B built from x at the same positions. Each packed byte is decoded by one PRMT (the byte,
+// merged with the lane's offset, is the shared-memory address) and one load from a 256-entry table of value
+// pairs replicated per lane (no bank conflicts whatever the codes).
 //
-// Warp tile: 16 rows of W x one 128-wide K slice per step. Lane (g = lane / 4, t = lane % 4) loads 16 bytes
-// (32 codes) of rows n0 + g and n0 + g + 8 at K offset 32 t of the slice. The k order inside an mma is free
-// as long as A and B agree, so mma step s (0..7) takes codes 4s..4s+3 of every lane's chunk: byte 2s feeds
-// A registers a0a1 / a2a3 and byte 2s + 1 feeds a4a5 / a6a7, with B built from x at the same positions.
+// * gemv_mma_pipe (M <= 4, "decode"): the table holds code pairs rounded to the input dtype, so the lookup is
+//   the A operand; the per-block absmax is applied after the mma in float32. Quantization blocks (>= 32 codes)
+//   never split a chunk, but one slice can hold four blocks, so B column j stands for (x row j / 4, chunk
+//   j % 4) and only lanes with g % 4 == t carry x: C column j holds one row of x times one chunk's codes, which
+//   is scaled by that chunk's absmax after every slice. CG groups of 8 columns cover M <= 2 CG.
+// * gemm_mma_pipe (4 < M <= 32): the table holds float32 code pairs; each pair is multiplied by its block's
+//   float32 absmax and rounded once to the input dtype (exactly the dequantized weight), so B is plain x
+//   (column = x row) and MT = M / 8 tiles of 8 columns share every decoded A fragment. A block's warps work on
+//   adjacent 16-row tiles of the same K slices, and x for those slices is staged once per block in shared
+//   memory (cp.async ring shared with the weights) instead of being read by every warp.
 //
-// Quantization blocks (>= 32 codes) never split a 32-code chunk, but one slice can hold up to four blocks.
-// So B column j stands for (x row m = j / 4, chunk c = j % 4): lane (g, t) puts x row m at its chunk in B
-// only when c == t. Column j of C then holds the dot product of one row of x with one chunk's codes, which
-// is scaled by that chunk's absmax in float32 after every slice. CG groups of 8 columns cover M <= 2 CG.
+// Split-K: a work item is (row tile(s), K range). With S > 1 ranges the warps write float32 partial sums and
+// the last of them (an atomic counter per 16-row tile, reset by that warp) adds the S partials in a fixed
+// order, so results do not depend on timing. Warps/blocks are persistent: grid = resident blocks.
 //
-// Split-K: a work item is (16-row tile, K range). With S > 1 ranges the warps write float32 partial sums and
-// the last of them (an atomic counter per tile, reset by that warp) adds the S partials in a fixed order,
-// so results do not depend on timing. Warps are persistent: grid = resident blocks, items strided.
-//
-// Requirements checked by the caller: K % 32 == 0, x and y contiguous with 16-byte aligned rows (K % 8),
+// Requirements checked by the caller: K % 32 == 0, K < 2^31, x and y contiguous with 16-byte aligned rows,
 // packed 16-byte aligned, blocksize >= 32, nested statistics in blocks of 256 (bitsandbytes' only value).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -31,16 +34,7 @@
 
 namespace fastnf4_mma {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 constexpr int kSlice = 128;   // K per warp step
-#ifndef FASTNF4_MMA_UNROLL
-#define FASTNF4_MMA_UNROLL 2
-#endif
-constexpr int kUnroll = FASTNF4_MMA_UNROLL;
-#ifndef FASTNF4_MMA_MIN_BLOCKS
-#define FASTNF4_MMA_MIN_BLOCKS 4  // resident blocks per SM asked of ptxas for M <= 4 (caps registers at 128)
-#endif  // slices per step; the next step's weights load during this one
 
 struct Params {
   const uint8_t* packed;
@@ -104,68 +98,22 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
   }
 }
 
-__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// Pair of values for byte j (0..3) of word w: one shared-memory load from this lane's bank. ``lane_base`` is
-// the 32-bit shared address of table word ``lane``; entry v sits v * 128 bytes further.
-template <int j>
-__device__ __forceinline__ uint32_t lookup(uint32_t lane_base, uint32_t w) {
-  const uint32_t byte = __byte_perm(w, 0u, 0x4440u + j);  // PRMT: byte j, zero-extended
-  uint32_t v;
-  asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(lane_base + (byte << 7)));  // LEA
-  return v;
-}
-
-// End of a work item (16 rows of one K range), shared by both kernels: sum each lane's two chunk columns with
-// its neighbour's, then write y (+ bias), or with split-K write float32 partials and let the last warp of the
-// tile (atomic counter, reset by that warp) add the S partials in split order: bitwise repeatable.
-template <typename T, int CG>
-__device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[CG][4], long long tile,
-                                            long long split, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const long long M = p.M, N = p.N;
-  const long long rowA = tile * 16 + g, rowB = rowA + 8;
-  const bool okA = rowA < N, okB = rowB < N;
-  // Lane t holds columns of x row m = 2c + t / 2; lanes t and t ^ 1 together hold all four chunks.
-  float vA[CG], vB[CG];
-#pragma unroll
-  for (int c = 0; c < CG; ++c) {
-    vA[c] = acc[c][0] + acc[c][1];
-    vB[c] = acc[c][2] + acc[c][3];
-    vA[c] += __shfl_xor_sync(0xffffffffu, vA[c], 1);
-    vB[c] += __shfl_xor_sync(0xffffffffu, vB[c], 1);
-  }
-  const bool writer = (t & 1) == 0;
+// One output value of a work item: y (+ bias) without split-K, else this split's float32 partial.
+template <typename T>
+__device__ __forceinline__ void put(const Params& p, long long split, long long m, long long row, float v) {
+  if (m >= p.M || row >= p.N) return;
   if (p.splits == 1) {
-    if (writer) {
-#pragma unroll
-      for (int c = 0; c < CG; ++c) {
-        const long long m = 2 * c + (t >> 1);
-        if (m < M) {
-          if (okA) Pair<T>::store(p.y, m * N + rowA, vA[c] + (p.bias ? Pair<T>::load(p.bias, rowA) : 0.f));
-          if (okB) Pair<T>::store(p.y, m * N + rowB, vB[c] + (p.bias ? Pair<T>::load(p.bias, rowB) : 0.f));
-        }
-      }
-    }
-    return;
+    Pair<T>::store(p.y, m * p.N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+  } else {
+    __stcg(p.partial + (split * p.M + m) * p.N + row, v);
   }
-  if (writer) {
-#pragma unroll
-    for (int c = 0; c < CG; ++c) {
-      const long long m = 2 * c + (t >> 1);
-      if (m < M) {
-        float* part = p.partial + (split * M + m) * N;
-        if (okA) __stcg(part + rowA, vA[c]);
-        if (okB) __stcg(part + rowB, vB[c]);
-      }
-    }
-  }
+}
+
+// Split-K end of a 16-row tile (after every lane's ``put``): the last warp to finish the tile (atomic counter,
+// reset by that warp) adds the S partials in split order, so results are bitwise repeatable.
+template <typename T>
+__device__ __forceinline__ void reduce_tile(const Params& p, long long tile, int lane) {
+  const long long M = p.M, N = p.N;
   __threadfence();
   __syncwarp();
   int last = 0;
@@ -173,8 +121,7 @@ __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[
   last = __shfl_sync(0xffffffffu, last, 0);
   if (!last) return;
   __threadfence();
-  // The last warp of this tile adds the S partials in split order; each lane takes (m, row) pairs.
-  for (long long i = lane; i < 16 * M; i += 32) {
+  for (long long i = lane; i < 16 * M; i += 32) {  // each lane takes (m, row) pairs
     const long long m = i / 16, row = tile * 16 + (i % 16);
     if (row >= N) continue;
     float v = 0.f;
@@ -186,178 +133,156 @@ __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[
   if (lane == 0) atomicExch(p.counters + tile, 0);
 }
 
-template <typename T, int CG, bool kNested>
-__global__ void __launch_bounds__(kThreads, CG <= 2 ? FASTNF4_MMA_MIN_BLOCKS : 2) gemv_mma_kernel(const __grid_constant__ Params p) {
-  __shared__ uint32_t table[256 * 32];
-  __shared__ float nested_code[kNested ? 256 : 1];
-  for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
-    const int v = i >> 5;
-    table[i] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
-  }
-  if constexpr (kNested) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) nested_code[i] = __ldg(p.nested_code + i);
-  }
-  const float offset = kNested ? __ldg(p.offset) : 0.f;
-  __syncthreads();
-
-  const int lane = threadIdx.x & 31;
+// End of a decode-kernel work item (16 rows of one K range): each lane's two chunk columns plus its
+// neighbour's give one (x row, weight row) dot product; lane t holds x row m = 2c + t / 2.
+template <typename T, int CG>
+__device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[CG][4], long long tile,
+                                            long long split, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  const uint32_t lane_base = static_cast<uint32_t>(__cvta_generic_to_shared(table)) + 4 * lane;
-  const long long M = p.M, N = p.N, K = p.K;
-  const int log2_bs = __ffsll(p.blocksize) - 1;
-  const long long tiles = (N + 15) / 16;
-  const long long items = tiles * p.splits;
-  const int slices = static_cast<int>((K + kSlice - 1) / kSlice);
-  const long long warp0 = (long long)blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const long long warps = (long long)gridDim.x * kWarps;
-
-  // B operands: in column group c, lane (g, t) carries x row m = 2c + g / 4 at its own chunk when g % 4 == t.
-  const T* xlane[CG];
-  bool xon[CG];
+  const long long rowA = tile * 16 + g;
 #pragma unroll
   for (int c = 0; c < CG; ++c) {
-    const long long m = 2 * c + (g >> 2);
-    xon[c] = ((g & 3) == t) && m < M;
-    xlane[c] = reinterpret_cast<const T*>(p.x) + (xon[c] ? m * K : 0) + 32 * t;
-  }
-  // C columns of this lane: 2t and 2t + 1 of each group, i.e. chunks c0 = (2t) % 4 and c0 + 1.
-  const int c0 = (2 * t) & 3;
-  // c0 is even, so with K % 64 == 0 and blocks of >= 64 codes both chunks of a lane share one absmax
-  const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
-
-  for (long long item = warp0; item < items; item += warps) {
-    const long long tile = item / p.splits, split = item - tile * p.splits;
-    const long long rowA = tile * 16 + g, rowB = rowA + 8;
-    const bool okA = rowA < N, okB = rowB < N;
-    const long long baseA = rowA * K, baseB = rowB * K;
-    const uint8_t* pA = p.packed + (baseA >> 1) + 16 * t;
-    const uint8_t* pB = p.packed + (baseB >> 1) + 16 * t;
-    const int s_begin = static_cast<int>(split * p.slices_per_split);
-    const int s_end = min(slices, static_cast<int>(s_begin + p.slices_per_split));
-
-    float acc[CG][4];
-#pragma unroll
-    for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
-
-    // The next step's weights and statistics are loaded while the current step is decoded (register double
-    // buffer), so no load latency is exposed once the pipeline runs. Statistics per slice and lane: the
-    // blocks of chunks c0 and c0 + 1 of rows A and B (raw: float32 absmax, or uint8 code + nested absmax).
-    struct Step {
-      uint4 wa[kUnroll], wb[kUnroll];
-      uint32_t q[kUnroll][4];
-      float raw[kUnroll][4];
-    };
-    auto load_step = [&](int s0, Step& st) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int kb = (s0 + u) * kSlice;
-        const bool live = s0 + u < s_end;
-        const bool ok = live && kb + 32 * t < K;
-        st.wa[u] = (ok && okA) ? load_stream(pA + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
-        st.wb[u] = (ok && okB) ? load_stream(pB + (s0 + u) * (kSlice / 2)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if ((i & 1) && pair_shares_block) {  // chunks c0 and c0 + 1 sit in one block: load once
-            st.q[u][i] = st.q[u][i - 1];
-            st.raw[u][i] = st.raw[u][i - 1];
-            continue;
-          }
-          const int kc = kb + 32 * (c0 + (i & 1));
-          const bool on = live && kc < K && ((i < 2) ? okA : okB);
-          const long long b = on ? (((i < 2) ? baseA : baseB) + kc) >> log2_bs : 0;
-          if constexpr (kNested) {
-            st.q[u][i] = on ? __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b) : 0u;
-            st.raw[u][i] = on ? __ldg(p.nested_absmax + (b >> 8)) : 0.f;
-          } else {
-            st.q[u][i] = 0u;
-            st.raw[u][i] = on ? __ldg(reinterpret_cast<const float*>(p.absmax) + b) : 0.f;
-          }
-        }
-      }
-    };
-    Step cur;
-    load_step(s_begin, cur);
-    for (int s0 = s_begin; s0 < s_end; s0 += kUnroll) {
-      Step nxt;
-      load_step(s0 + kUnroll, nxt);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        // slices past s_end (and chunks past K) get zero x, so their columns of C are zero whatever the
-        // (zero-byte) weights decode to: no branch in the unrolled body
-        const int slice = s0 + u;
-        const bool live = slice < s_end;
-        const int kbase = slice * kSlice;
-        const bool kin = live && kbase + 32 * t < K;
-        // x of this slice: whole 64-byte chunk up front for small CG, per mma step otherwise
-        uint4 xb[CG <= 2 ? CG : 1][4];
-        if constexpr (CG <= 2) {
-#pragma unroll
-          for (int c = 0; c < CG; ++c) {
-            const uint4* px = reinterpret_cast<const uint4*>(xlane[c] + kbase);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) xb[c][i] = (xon[c] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
-          }
-        }
-        float cf[CG][4];
-#pragma unroll
-        for (int c = 0; c < CG; ++c) cf[c][0] = cf[c][1] = cf[c][2] = cf[c][3] = 0.f;
-        const uint32_t wA[4] = {cur.wa[u].x, cur.wa[u].y, cur.wa[u].z, cur.wa[u].w};
-        const uint32_t wB[4] = {cur.wb[u].x, cur.wb[u].y, cur.wb[u].z, cur.wb[u].w};
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          // bytes 2s and 2s + 1 of the 16-byte chunk: word s / 2, byte positions 2 (s % 2) and 2 (s % 2) + 1
-          uint32_t a0, a1, a2, a3;
-          if (s & 1) {
-            a0 = lookup<2>(lane_base, wA[s >> 1]);
-            a1 = lookup<2>(lane_base, wB[s >> 1]);
-            a2 = lookup<3>(lane_base, wA[s >> 1]);
-            a3 = lookup<3>(lane_base, wB[s >> 1]);
-          } else {
-            a0 = lookup<0>(lane_base, wA[s >> 1]);
-            a1 = lookup<0>(lane_base, wB[s >> 1]);
-            a2 = lookup<1>(lane_base, wA[s >> 1]);
-            a3 = lookup<1>(lane_base, wB[s >> 1]);
-          }
-#pragma unroll
-          for (int c = 0; c < CG; ++c) {
-            uint32_t b0, b1;
-            if constexpr (CG <= 2) {
-              const uint4 q = xb[c][s >> 1];
-              b0 = (s & 1) ? q.z : q.x;
-              b1 = (s & 1) ? q.w : q.y;
-            } else {
-              uint2 q = make_uint2(0, 0);
-              if (xon[c] && kin) q = __ldg(reinterpret_cast<const uint2*>(xlane[c] + kbase + 4 * s));
-              b0 = q.x;
-              b1 = q.y;
-            }
-            mma16816<T>(cf[c], a0, a1, a2, a3, b0, b1);
-          }
-        }
-        float sc[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
-          sc[i] = kNested ? __fadd_rn(__fmul_rn(nested_code[cur.q[u][i]], cur.raw[u][i]), offset) : cur.raw[u][i];
-        }
-#pragma unroll
-        for (int c = 0; c < CG; ++c) {
-          acc[c][0] = fmaf(cf[c][0], sc[0], acc[c][0]);
-          acc[c][1] = fmaf(cf[c][1], sc[1], acc[c][1]);
-          acc[c][2] = fmaf(cf[c][2], sc[2], acc[c][2]);
-          acc[c][3] = fmaf(cf[c][3], sc[3], acc[c][3]);
-        }
-      }
-      cur = nxt;
+    float vA = acc[c][0] + acc[c][1], vB = acc[c][2] + acc[c][3];
+    vA += __shfl_xor_sync(0xffffffffu, vA, 1);
+    vB += __shfl_xor_sync(0xffffffffu, vB, 1);
+    if ((t & 1) == 0) {
+      put<T>(p, split, 2 * c + (t >> 1), rowA, vA);
+      put<T>(p, split, 2 * c + (t >> 1), rowA + 8, vB);
     }
+  }
+  if (p.splits > 1) reduce_tile<T>(p, tile, lane);
+}
 
-    finish_item<T, CG>(p, acc, tile, split, lane);
+// End of a GEMM-kernel work item for one warp's 16 rows: C fragment (row g / g + 8, column 2t / 2t + 1) of
+// tile nt is y[x row 8 nt + 2t (+1), weight row].
+template <typename T, int MT>
+__device__ __forceinline__ void finish_gemm(const Params& p, const float (&acc)[MT][4], long long tile,
+                                            long long split, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const long long rowA = tile * 16 + g;
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      put<T>(p, split, 8 * nt + 2 * t + h, rowA, acc[nt][h]);
+      put<T>(p, split, 8 * nt + 2 * t + h, rowA + 8, acc[nt][2 + h]);
+    }
+  }
+  if (p.splits > 1) reduce_tile<T>(p, tile, lane);
+}
+
+// Statistics of a 16-row tile for the 8 slices from ``slice``: absmax of 32-code chunks [4 slice, 4 slice +
+// 32) of every row, into the warp's table ``stats`` (row stride kStatStride floats). Lane l takes row l / 2,
+// chunks 16 (l % 2) .. 16 (l % 2) + 15: coalesced, and the nested decode done once per chunk. Split in two so
+// that a kernel can issue the loads a phase ahead (``load_stats``) and decode them when due (``store_stats``).
+constexpr int kStatStride = 36;  // floats per row: 32 + 4 so that rows g and g + 1 differ by 4 banks
+template <bool kNested> struct StatRaw {
+  float a[kNested ? 2 : 16];    // absmax per chunk (0 outside), or the (at most two) nested absmax of the chunks
+  uint32_t q[kNested ? 4 : 1];  // nested: the 16 uint8 absmax codes, 4 per word
+  uint32_t bits;                // nested: bit j = chunk j inside the matrix, bit 16 + j = chunk j uses a[1]
+};
+
+template <bool kNested>
+__device__ __forceinline__ void load_stats(const Params& p, StatRaw<kNested>& r, long long tile, int slice, int lane,
+                                           int log2_bs, bool pair_shares_block) {
+  const long long row = tile * 16 + (lane >> 1);
+  const int K32 = static_cast<int>(p.K);
+  const int k0 = slice * kSlice + 512 * (lane & 1);
+  const bool row_ok = row < p.N;
+  const long long e0 = row * p.K + k0;
+  if constexpr (kNested) {
+    const uint8_t* am = reinterpret_cast<const uint8_t*>(p.absmax);
+    // 16 chunks are 512 codes: at most two nested blocks (256 blocks of >= 32 codes each)
+    const long long nb0 = (e0 >> log2_bs) >> 8;
+    uint32_t q[16], bits = 0;
+    long long nlast = nb0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const bool on = row_ok && k0 + 32 * j < K32;
+      const long long b = (e0 + 32 * j) >> log2_bs;
+      if (on) {
+        bits |= (1u << j) | ((b >> 8) != nb0 ? 1u << (16 + j) : 0u);
+        nlast = b >> 8;
+      }
+      q[j] = ((j & 1) && pair_shares_block) ? q[j - 1] : on ? __ldg(am + b) : 0u;
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) r.q[w] = q[4 * w] | (q[4 * w + 1] << 8) | (q[4 * w + 2] << 16) | (q[4 * w + 3] << 24);
+    r.bits = bits;
+    r.a[0] = (bits & 1u) ? __ldg(p.nested_absmax + nb0) : 0.f;
+    r.a[1] = (bits >> 16) ? __ldg(p.nested_absmax + nlast) : 0.f;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const bool on = row_ok && k0 + 32 * j < K32;
+      const long long b = on ? (e0 + 32 * j) >> log2_bs : 0;
+      r.a[j] = ((j & 1) && pair_shares_block) ? r.a[j - 1]
+                                               : on ? __ldg(reinterpret_cast<const float*>(p.absmax) + b) : 0.f;
+    }
   }
 }
 
+template <bool kNested>
+__device__ __forceinline__ void store_stats(const StatRaw<kNested>& r, float* stats, const float* nested_code,
+                                            float offset, int lane) {
+  float v[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if constexpr (kNested) {
+      const uint32_t q = (r.q[j >> 2] >> (8 * (j & 3))) & 0xffu;
+      const float na = (r.bits >> (16 + j)) & 1u ? r.a[1] : r.a[0];
+      // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
+      v[j] = (r.bits >> j) & 1u ? __fadd_rn(__fmul_rn(nested_code[q], na), offset) : 0.f;
+    } else {
+      v[j] = r.a[j];
+    }
+  }
+  __syncwarp();  // every lane is done with the previous phase
+  float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+  __syncwarp();
+}
+
+// The decode kernel's form: loads and decode in one go when the phase starts (each warp runs on its own there,
+// so other warps cover the latency). Measured 10-14% faster in that kernel than load_stats + store_stats back
+// to back (H200, M = 1: gate_up 125 vs 142 us, down 69 vs 79 us), so both forms stay.
+template <bool kNested>
+__device__ __forceinline__ void stage_stats(const Params& p, float* stats, const float* nested_code, float offset,
+                                            long long tile, int slice, int lane, int log2_bs,
+                                            bool pair_shares_block) {
+  const long long row = tile * 16 + (lane >> 1);
+  const int K32 = static_cast<int>(p.K);
+  const int k0 = slice * kSlice + 512 * (lane & 1);
+  const long long e0 = row * p.K + k0;
+  const bool row_ok = row < p.N;
+  float v[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if ((j & 1) && pair_shares_block) {
+      v[j] = v[j - 1];
+      continue;
+    }
+    const bool on = row_ok && k0 + 32 * j < K32;
+    const long long b = on ? (e0 + 32 * j) >> log2_bs : 0;
+    if constexpr (kNested) {
+      const uint32_t q = on ? __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b) : 0u;
+      const float na = on ? __ldg(p.nested_absmax + (b >> 8)) : 0.f;
+      v[j] = on ? __fadd_rn(__fmul_rn(nested_code[q], na), offset) : 0.f;  // as the dequantize reference
+    } else {
+      v[j] = on ? __ldg(reinterpret_cast<const float*>(p.absmax) + b) : 0.f;
+    }
+  }
+  __syncwarp();  // every lane is done with the previous phase
+  float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+  __syncwarp();
+}
+
 // ---------------------------------------------------------------------------------------------------------
-// Pipelined decode kernel for M <= 4 (column groups 1 and 2): same arithmetic and fragment layout as above,
-// organised to issue fewer instructions per code and to keep more bytes in flight (ncu on v3, Llama gate_up
+// Pipelined decode kernel for M <= 4 (column groups 1 and 2), organised to issue few instructions per code
+// and to keep many bytes in flight (ncu on the first version, session 2's kernel, Llama gate_up
 // M = 1: 0.52 instructions issued per scheduler cycle, 7.3 cycles between a warp's instructions, ~8.6
 // instructions per packed byte, 128 registers with spills, 16 warps per SM):
 // - one PRMT + one LDS per packed byte: the table entry v of lane l sits at byte v * 256 + 4 l, so a single
@@ -382,7 +307,6 @@ namespace pipe {
 #define FASTNF4_PIPE_STAGES2 6
 #endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
-constexpr int kStatStride = 36;                // floats per row: 32 + 4 so that rows g and g + 1 differ by 4 banks
 constexpr int kTableBytes = 256 * 256;
 // warps per block (one block per SM) and ring stages, per column-group count
 template <int CG> struct Cfg {
@@ -390,7 +314,7 @@ template <int CG> struct Cfg {
   static constexpr int kStages = CG == 1 ? FASTNF4_PIPE_STAGES1 : FASTNF4_PIPE_STAGES2;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
-  static constexpr int kWarpBytes = kRingBytes + 16 * kStatStride * 4;
+  static constexpr int kWarpBytes = kRingBytes + 16 * fastnf4_mma::kStatStride * 4;
   static constexpr int kSmem = kTableBytes + kWarps * kWarpBytes;
 };
 }  // namespace pipe
@@ -419,7 +343,7 @@ template <typename T, int CG, bool kNested>
 __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   using C = pipe::Cfg<CG>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
-  using pipe::kPhase; using pipe::kStatStride; using pipe::kTableBytes;
+  using pipe::kPhase; using pipe::kTableBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float nested_code[kNested ? 256 : 1];
   uint32_t* table = reinterpret_cast<uint32_t*>(smem);
@@ -524,37 +448,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     }
     cp_async_commit();
   };
-  // absmax of 32-code chunks [4 c.slice, 4 c.slice + 32) of the tile's 16 rows into ``stats``: lane l takes
-  // row l / 2 and chunks 16 (l % 2) .. 16 (l % 2) + 15
-  auto stage_stats = [&](const Cursor& c) {
-    const long long row = c.tile * 16 + (lane >> 1);
-    const int k0 = c.slice * kSlice + 512 * (lane & 1);
-    const long long e0 = row * K + k0;
-    const bool row_ok = row < N;
-    float v[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      if ((j & 1) && pair_shares_block) {
-        v[j] = v[j - 1];
-        continue;
-      }
-      const bool on = row_ok && k0 + 32 * j < K32;
-      const long long b = on ? (e0 + 32 * j) >> log2_bs : 0;
-      if constexpr (kNested) {
-        const uint32_t q = on ? __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + b) : 0u;
-        const float na = on ? __ldg(p.nested_absmax + (b >> 8)) : 0.f;
-        v[j] = on ? __fadd_rn(__fmul_rn(nested_code[q], na), offset) : 0.f;
-      } else {
-        v[j] = on ? __ldg(reinterpret_cast<const float*>(p.absmax) + b) : 0.f;
-      }
-    }
-    __syncwarp();  // every lane is done with the previous phase
-    float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
-    __syncwarp();
-  };
-
   Cursor cp;
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
@@ -577,7 +470,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   const int c0 = (2 * t) & 3;
   int rel = 0;  // slice index inside the work item
   while (cp.tile < tiles) {
-    if ((rel & (kPhase - 1)) == 0) stage_stats(cp);
+    if ((rel & (kPhase - 1)) == 0)
+      stage_stats<kNested>(p, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs, pair_shares_block);
     uint4 xn[CG][4];
     load_x(xc, xn);
     advance(xc);
@@ -640,71 +534,325 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   cp_async_wait<0>();
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// GEMM kernel for 4 < M <= 32 (MT = 1, 2, 4 tiles of 8 x rows). A block of kWarps warps takes work items of
+// kWarps adjacent 16-row tiles x one K range, all warps on the same slice at the same time: one block-wide
+// cp.async ring carries, per slice, every warp's weights (1 KiB each) and the block's x slice (8 MT rows x
+// 128), so x is read from L2 once per block instead of once per warp. One __syncthreads per slice guards it.
+// Every mma takes its 16 k values from ONE 32-code chunk (so from one quantization block): lane t supplies
+// word t (codes 8t..8t+7) of the chunk, read from the ring where each lane's 16-byte chunk copy sits in an
+// XOR-swizzled slot (no bank conflicts). Two mma per chunk go into a fresh fragment that is then scaled by the
+// chunk's float32 absmax per row and added to the accumulators: the same arithmetic as the decode kernel
+// (codes rounded to the input dtype by the table, block scale in float32) with B = plain x (column = x row).
+namespace gemm {
+#ifndef FASTNF4_GEMM_WARPS
+#define FASTNF4_GEMM_WARPS 16
+#endif
+#ifndef FASTNF4_GEMM_STAGES
+#define FASTNF4_GEMM_STAGES 4
+#endif
+constexpr int kWarps = FASTNF4_GEMM_WARPS;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = FASTNF4_GEMM_STAGES;
+constexpr int kTableBytes = 256 * 256;  // as the decode kernel: entry v of lane l at byte 256 v + 4 l
+constexpr int kXRow = 288;              // bytes per x row of a stage (256 used; 72 words: conflict-free reads)
+constexpr int kWarpBytes = kStages * 1024 + 16 * kStatStride * 4;
+template <int MT> struct Cfg {
+  static constexpr int kXStage = 8 * MT * kXRow;
+  static constexpr int kSmem = kTableBytes + kStages * kXStage + kWarps * kWarpBytes;
+};
+}  // namespace gemm
+
+template <typename T, int MT, bool kNested>
+__global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_constant__ Params p) {
+  using namespace gemm;
+  constexpr int kXStage = Cfg<MT>::kXStage;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float nested_code[kNested ? 256 : 1];
+  uint32_t* table = reinterpret_cast<uint32_t*>(smem);
+  for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
+    const int v = i >> 5;
+    table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
+  }
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) nested_code[i] = __ldg(p.nested_code + i);
+  }
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  uint8_t* xring = smem + kTableBytes;
+  uint8_t* wsm = xring + kStages * kXStage + warp * kWarpBytes;
+  float* stats = reinterpret_cast<float*>(wsm + kStages * 1024);
+  const uint32_t table_s = static_cast<uint32_t>(__cvta_generic_to_shared(table));
+  const uint32_t lane4 = 4 * lane;
+  // weight ring: lane (g, c) stores its chunk c of rows g / g + 8 at slot 4 g + (c ^ (g / 2 % 4)) of the stage's
+  // half A / B; lane (g, t) reads word t of every chunk c from there
+  const uint32_t wring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm));
+  const uint32_t wr_dst = wring_s + 16 * (4 * g + (t ^ ((g >> 1) & 3)));
+  uint32_t wr_src[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) wr_src[c] = 16 * (4 * g + (c ^ ((g >> 1) & 3))) + 4 * t;
+  const uint32_t xring_s = static_cast<uint32_t>(__cvta_generic_to_shared(xring));
+  const uint32_t xread_s = xring_s + g * kXRow + 8 * t;  // B fragment: x row 8 nt + g, piece (chunk c, t, h)
+  const long long N = p.N, K = p.K, M = p.M;
+  const int K32 = static_cast<int>(K);
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const int slices = (K32 + kSlice - 1) / kSlice;
+  const int splits = static_cast<int>(p.splits), per = static_cast<int>(p.slices_per_split);
+  const long long items = (N + 16 * kWarps - 1) / (16 * kWarps) * splits;
+  const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
+  const uint8_t* xg = reinterpret_cast<const uint8_t*>(p.x);
+
+  // Block cursor over (item, slice); the same for every warp of the block.
+  struct BCursor {
+    long long item, tile0;  // tile0: first 16-row tile of the item
+    int split, slice, s_end;
+  };
+  auto begin = [&](BCursor& c, long long item) {
+    c.item = item;
+    const long long rb = item / splits;
+    c.split = static_cast<int>(item - rb * splits);
+    c.tile0 = rb * kWarps;
+    c.slice = c.split * per;
+    c.s_end = min(slices, c.slice + per);
+    if (c.slice >= c.s_end) c.s_end = c.slice + 1;  // a split past K: one all-zero slice (see gemv_mma_pipe)
+  };
+  auto advance = [&](BCursor& c) {
+    if (++c.slice == c.s_end) begin(c, c.item + gridDim.x);
+  };
+  // x pieces this thread copies per slice, fixed for the kernel: piece (row m, chunk c, t, h) = 8 bytes at
+  // element 32 c + 8 t + 4 h of the slice, idx % 32 = 8 c + 2 t + h (so a warp copies one row's 256 bytes in
+  // order), stored at word 72 m + 8 (2 c + h) + 2 t of the stage.
+  constexpr int kXCopies = (8 * MT * 32 + kThreads - 1) / kThreads;
+  long long xsrc[kXCopies];  // byte offset of the piece in slice 0
+  uint32_t xdst[kXCopies];   // byte offset in a stage
+  int xlim[kXCopies];        // the piece is inside x at slice K offset kb when kb < xlim, else zero-filled
+#pragma unroll
+  for (int i = 0; i < kXCopies; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int m = idx >> 5, c = (idx >> 3) & 3, tt = (idx >> 1) & 3, h = idx & 1;
+    xsrc[i] = 2LL * m * K + 8 * (idx & 31);
+    xdst[i] = m * kXRow + 32 * (2 * c + h) + 8 * tt;
+    // (-1: no piece here; a zero fill would land outside the stage)
+    xlim[i] = idx >= 8 * MT * 32 ? -1 : m < M ? max(0, K32 - 32 * c) : 0;
+  }
+  // This warp's weight rows for the load cursor's item (rows outside N are never read: source size 0).
+  const uint8_t* ldw = p.packed;
+  int szA = 0, szB = 0;
+  auto ld_rows = [&](const BCursor& c) {
+    const long long rowA = (c.tile0 + warp) * 16 + g;
+    szA = rowA < N ? 16 : 0;
+    szB = rowA + 8 < N ? 16 : 0;
+    ldw = szA ? p.packed + ((rowA * K) >> 1) + 16 * t : p.packed;
+  };
+  // Copies of one step into ring stage ``st`` (always one commit group, empty past the last item).
+  auto issue = [&](const BCursor& c, int st) {
+    if (c.item < items) {
+      const int kb = c.slice * kSlice;
+      const bool kin = kb + 32 * t < K32;
+      const uint8_t* src = ldw + kb / 2;
+      const uint32_t dst = wr_dst + st * 1024;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(kin ? src : p.packed),
+                   "r"(kin ? szA : 0));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + 512),
+                   "l"(kin && szB ? src + 4 * K : p.packed), "r"(kin ? szB : 0));
+#pragma unroll
+      for (int i = 0; i < kXCopies; ++i) {
+        if (xlim[i] < 0) continue;
+        const bool on = kb < xlim[i];
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(xring_s + st * kXStage + xdst[i]),
+                     "l"(on ? xg + xsrc[i] + 2 * kb : xg), "r"(on ? 8 : 0));
+      }
+    }
+    cp_async_commit();
+  };
+  // Item and start slice of the statistics phase after the one starting at the compute cursor.
+  auto next_phase = [&](const BCursor& c, long long& tile, int& slice) {
+    if (c.slice + 8 < c.s_end) {
+      tile = c.tile0 + warp;
+      slice = c.slice + 8;
+      return c.item < items;
+    }
+    BCursor n;
+    begin(n, c.item + gridDim.x);
+    tile = n.tile0 + warp;
+    slice = n.slice;
+    return n.item < items;
+  };
+
+  BCursor cp, ld;
+  begin(cp, blockIdx.x);
+  ld = cp;
+  ld_rows(ld);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    issue(ld, i);
+    const long long before = ld.item;
+    advance(ld);
+    if (ld.item != before) ld_rows(ld);
+  }
+  StatRaw<kNested> sraw;
+  load_stats<kNested>(p, sraw, cp.tile0 + warp, cp.slice, lane, log2_bs, pair_shares_block);
+  int st = 0, st_ld = kStages - 1, rel = 0;
+  float acc[MT][4];
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  __syncthreads();  // the table and nested codes are in place
+  while (cp.item < items) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of step ``st`` have landed
+    __syncthreads();               // everyone's have; and everyone is done with the stage refilled next
+    issue(ld, st_ld);
+    {
+      const long long before = ld.item;
+      advance(ld);
+      if (ld.item != before) ld_rows(ld);
+    }
+    st_ld = st_ld + 1 == kStages ? 0 : st_ld + 1;
+    const long long tile = cp.tile0 + warp;
+    if ((rel & 7) == 0) {  // decode this phase's statistics (loaded a phase ago) and load the next phase's
+      store_stats<kNested>(sraw, stats, nested_code, offset, lane);
+      long long ntile;
+      int nslice;
+      if (next_phase(cp, ntile, nslice)) load_stats<kNested>(p, sraw, ntile, nslice, lane, log2_bs, pair_shares_block);
+    }
+    const uint32_t ws = wring_s + st * 1024;
+    uint32_t wA[4], wB[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(wA[c]) : "r"(ws + wr_src[c]));
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(wB[c]) : "r"(ws + wr_src[c] + 512));
+    }
+    const float4 sA = *reinterpret_cast<const float4*>(stats + g * kStatStride + 4 * (rel & 7));
+    const float4 sB = *reinterpret_cast<const float4*>(stats + (g + 8) * kStatStride + 4 * (rel & 7));
+    const float scA[4] = {sA.x, sA.y, sA.z, sA.w}, scB[4] = {sB.x, sB.y, sB.z, sB.w};
+    const uint32_t xs = xread_s + st * kXStage;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float cf[MT][4];
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt) cf[nt][0] = cf[nt][1] = cf[nt][2] = cf[nt][3] = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a0, a1, a2, a3;
+        if (h) {
+          a0 = lookup_pipe<2>(table_s, lane4, wA[c]);
+          a1 = lookup_pipe<2>(table_s, lane4, wB[c]);
+          a2 = lookup_pipe<3>(table_s, lane4, wA[c]);
+          a3 = lookup_pipe<3>(table_s, lane4, wB[c]);
+        } else {
+          a0 = lookup_pipe<0>(table_s, lane4, wA[c]);
+          a1 = lookup_pipe<0>(table_s, lane4, wB[c]);
+          a2 = lookup_pipe<1>(table_s, lane4, wA[c]);
+          a3 = lookup_pipe<1>(table_s, lane4, wB[c]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < MT; ++nt) {
+          uint32_t b0, b1;
+          asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1)
+                       : "r"(xs + nt * 8 * kXRow + 32 * (2 * c + h)));
+          mma16816<T>(cf[nt], a0, a1, a2, a3, b0, b1);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt) {
+        acc[nt][0] = fmaf(cf[nt][0], scA[c], acc[nt][0]);
+        acc[nt][1] = fmaf(cf[nt][1], scA[c], acc[nt][1]);
+        acc[nt][2] = fmaf(cf[nt][2], scB[c], acc[nt][2]);
+        acc[nt][3] = fmaf(cf[nt][3], scB[c], acc[nt][3]);
+      }
+    }
+    st = st + 1 == kStages ? 0 : st + 1;
+    ++rel;
+    if (++cp.slice < cp.s_end) continue;
+    finish_gemm<T, MT>(p, acc, tile, cp.split, lane);
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    rel = 0;
+    begin(cp, cp.item + gridDim.x);
+  }
+  cp_async_wait<0>();
+}
+
+// Kernel variants: 0 / 1 = decode kernel with 1 / 2 column groups (M <= 2 / 4); 2 / 3 / 4 = GEMM kernel with
+// 1 / 2 / 4 tiles of 8 rows (M <= 8 / 16 / 32).
 template <typename T, bool kNested>
-void* pick(int cg) {
-  switch (cg) {
-    case 1: return (void*)gemv_mma_pipe<T, 1, kNested>;
-    case 2: return (void*)gemv_mma_pipe<T, 2, kNested>;
-    case 4: return (void*)gemv_mma_kernel<T, 4, kNested>;
-    case 8: return (void*)gemv_mma_kernel<T, 8, kNested>;
+void* pick(int variant) {
+  switch (variant) {
+    case 0: return (void*)gemv_mma_pipe<T, 1, kNested>;
+    case 1: return (void*)gemv_mma_pipe<T, 2, kNested>;
+    case 2: return (void*)gemm_mma_pipe<T, 1, kNested>;
+    case 3: return (void*)gemm_mma_pipe<T, 2, kNested>;
+    case 4: return (void*)gemm_mma_pipe<T, 4, kNested>;
   }
   return nullptr;
 }
 
-void* kernel_for(int dtype, int cg, int nested) {
-  if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(cg) : pick<__nv_bfloat16, false>(cg);
-  return nested ? pick<__half, true>(cg) : pick<__half, false>(cg);
+void* kernel_for(int dtype, int variant, int nested) {
+  if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(variant) : pick<__nv_bfloat16, false>(variant);
+  return nested ? pick<__half, true>(variant) : pick<__half, false>(variant);
 }
+
+int threads_for(int variant) {
+  switch (variant) {
+    case 0: return pipe::Cfg<1>::kThreads;
+    case 1: return pipe::Cfg<2>::kThreads;
+  }
+  return gemm::kThreads;
+}
+
+int smem_for(int variant) {
+  switch (variant) {
+    case 0: return pipe::Cfg<1>::kSmem;
+    case 1: return pipe::Cfg<2>::kSmem;
+    case 2: return gemm::Cfg<1>::kSmem;
+    case 3: return gemm::Cfg<2>::kSmem;
+    case 4: return gemm::Cfg<4>::kSmem;
+  }
+  return 0;
+}
+
+// weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block)
+int rows_for(int variant) { return variant <= 1 ? 16 : 16 * gemm::kWarps; }
 
 }  // namespace fastnf4_mma
 
 using fastnf4_mma::Params;
-using fastnf4_mma::kThreads;
-using fastnf4_mma::kernel_for;
-
-namespace {
-// column groups 1 and 2 run the pipelined kernel (16 warps, dynamic shared memory), 4 and 8 the first one
-int threads_for(int cg) {
-  return cg == 1 ? fastnf4_mma::pipe::Cfg<1>::kThreads : cg == 2 ? fastnf4_mma::pipe::Cfg<2>::kThreads : kThreads;
-}
-int smem_for(int cg) {
-  return cg == 1 ? fastnf4_mma::pipe::Cfg<1>::kSmem : cg == 2 ? fastnf4_mma::pipe::Cfg<2>::kSmem : 0;
-}
-}  // namespace
 
 extern "C" {
 
-// Resident blocks per SM for a configuration (0 when it does not exist).
-int fastnf4_gemv_mma_occupancy(int dtype, int cg, int nested) {
-  void* f = kernel_for(dtype, cg, nested);
+// Resident blocks per SM for a kernel variant (0 when it does not exist or does not fit on this GPU).
+int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested);
   if (f == nullptr) return 0;
-  // the 32 KiB table per block: ask for the largest shared-memory carveout so that occupancy is set by
-  // registers, not by the L1/shared split the driver would pick
+  const int smem = fastnf4_mma::smem_for(variant);
   cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (smem_for(cg) > 0 &&
-      cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_for(cg)) != cudaSuccess) {
+  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, threads_for(cg), smem_for(cg)) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, fastnf4_mma::threads_for(variant), smem) !=
+      cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return blocks;
 }
 
-// Warps per block of the kernel that serves column groups ``cg``.
-int fastnf4_gemv_mma_warps(int cg) { return threads_for(cg) / 32; }
+// Warps per block and weight rows per work item of a kernel variant.
+int fastnf4_gemv_mma_warps(int variant) { return fastnf4_mma::threads_for(variant) / 32; }
+int fastnf4_gemv_mma_rows(int variant) { return fastnf4_mma::rows_for(variant); }
 
 int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
-// dtype 0 = bf16, 1 = fp16; cg = column groups (M <= 2 cg); returns a cudaError_t.
-int fastnf4_gemv_mma(const Params* p, int dtype, int cg, int nested, int grid, cudaStream_t stream) {
-  void* f = kernel_for(dtype, cg, nested);
+// dtype 0 = bf16, 1 = fp16; returns a cudaError_t.
+int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream) {
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested);
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
-  return (int)cudaLaunchKernel(f, dim3(grid), dim3(threads_for(cg)), args, smem_for(cg), stream);
+  return (int)cudaLaunchKernel(f, dim3(grid), dim3(fastnf4_mma::threads_for(variant)), args,
+                               fastnf4_mma::smem_for(variant), stream);
 }
 
 }  // extern "C"

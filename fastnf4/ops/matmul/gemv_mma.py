@@ -1,4 +1,4 @@
-"""Host side of ``gemv_mma.cu``: the decode-size (M <= 16) tensor-core matmul, launched through ctypes.
+"""Host side of ``gemv_mma.cu``: the decode-size (M <= 32) tensor-core matmuls, launched through ctypes.
 
 ``supports`` says whether a call can take this kernel; ``launch`` runs it on the current stream (no host
 synchronisation; capturable in a CUDA graph once the library is loaded and the split-K counters exist).
@@ -14,7 +14,7 @@ import torch
 from ... import _cuda
 
 SOURCE = os.path.join(os.path.dirname(__file__), "gemv_mma.cu")
-MAX_M = 16
+MAX_M = 32
 SLICE = 128
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 _COUNTERS = 1 << 16  # split-K semaphores per device: one per 16-row tile (N up to 1M rows)
@@ -43,13 +43,16 @@ class _Lib:
         lib.fastnf4_gemv_mma_params_size.restype = ctypes.c_int
         lib.fastnf4_gemv_mma_warps.argtypes = [ctypes.c_int]
         lib.fastnf4_gemv_mma_warps.restype = ctypes.c_int
-        self.warps = {cg: lib.fastnf4_gemv_mma_warps(cg) for cg in (1, 2, 4, 8)}  # per block
+        lib.fastnf4_gemv_mma_rows.argtypes = [ctypes.c_int]
+        lib.fastnf4_gemv_mma_rows.restype = ctypes.c_int
+        self.warps = {v: lib.fastnf4_gemv_mma_warps(v) for v in VARIANTS}  # per block
+        self.rows = {v: lib.fastnf4_gemv_mma_rows(v) for v in VARIANTS}  # weight rows per work item
         if lib.fastnf4_gemv_mma_params_size() != ctypes.sizeof(Params):
             raise RuntimeError("gemv_mma.cu Params layout differs from the ctypes mirror")
         # Ask every kernel's occupancy now: it loads the module, so later launches (maybe inside a CUDA-graph
         # capture) never trigger lazy loading.
-        self.occupancy = {(d, cg, nested): lib.fastnf4_gemv_mma_occupancy(d, cg, nested)
-                          for d in (0, 1) for cg in (1, 2, 4, 8) for nested in (0, 1)}
+        self.occupancy = {(d, v, nested): lib.fastnf4_gemv_mma_occupancy(d, v, nested)
+                          for d in (0, 1) for v in VARIANTS for nested in (0, 1)}
 
 
 @functools.cache
@@ -86,20 +89,26 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
 
 
 def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
-    # built here, and the kernel for this M fits on this GPU (the M <= 4 kernel asks for ~197 KiB of shared
-    # memory per block: Hopper and A100 class; smaller parts take the Triton paths)
+    # built here, and the kernel for this M fits on this GPU (the kernels ask for 150-200 KiB of shared memory
+    # per block: Hopper and A100 class; smaller parts take the Triton paths)
     lib = _lib_for(_index(x2d.device))
-    return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], column_groups(m), int(nested))] > 0
+    return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
 
 
-def column_groups(m: int) -> int:
-    return 1 if m <= 2 else 2 if m <= 4 else 4 if m <= 8 else 8
+VARIANTS = (0, 1, 2, 3, 4)
+
+
+def variant(m: int) -> int:
+    """Kernel variant for M rows: 0 / 1 the decode kernel (M <= 2 / 4), 2 / 3 / 4 the GEMM kernel (M <= 8 /
+    16 / 32); see ``pick`` in gemv_mma.cu."""
+    return 0 if m <= 2 else 1 if m <= 4 else 2 if m <= 8 else 3 if m <= 16 else 4
 
 
 @functools.lru_cache(maxsize=4096)  # pure; called once per launch
-def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True) -> tuple[int, int]:
-    """(splits, slices per split): enough work items that persistent warps finish within ~5% of each other."""
-    tiles = -(-n // 16)
+def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True, rows: int = 16) -> tuple[int, int]:
+    """(splits, slices per split): enough work items (``rows`` weight rows x a K range each) that ``warps``
+    persistent workers finish within ~5% of each other."""
+    tiles = -(-n // rows)
     slices = -(-k // SLICE)
     best = (1, slices)
     if not allow_split:
@@ -124,24 +133,27 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
     index = _index(x2d.device)
     lib = _lib_for(index)
     m = x2d.shape[0]
-    cg = column_groups(m)
+    v = variant(m)
     nested = nested_code is not None
     dt = _DTYPES[x2d.dtype]
-    occ = lib.occupancy[(dt, cg, int(nested))]
+    occ = lib.occupancy[(dt, v, int(nested))]
     if occ <= 0:
         raise RuntimeError("gemv_mma kernel cannot be resident on this GPU")
     sms = lib.sms
     counters = _counters_for(index)
     tiles = -(-n // 16)
-    wpb = lib.warps[cg]
-    s, per = splits or plan(m, n, k, sms * occ * wpb, allow_split=counters is not None and tiles <= _COUNTERS)
+    rows = lib.rows[v]
+    # the decode kernel's workers are warps (one 16-row item each), the GEMM kernel's are blocks
+    per_block = lib.warps[v] if rows == 16 else 1
+    s, per = splits or plan(m, n, k, sms * occ * per_block, allow_split=counters is not None and tiles <= _COUNTERS,
+                            rows=rows)
     per = max(1, min(int(per), -(-k // SLICE)))
     if s < 1 or (s > 1 and (counters is None or tiles > _COUNTERS)):
         raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
     if y is None:
         y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
     partial = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
-    grid = min(sms * occ, -(-tiles * s // wpb))
+    grid = min(sms * occ, -(-(-(-n // rows)) * s // per_block))
     p = Params(
         packed=packed.data_ptr(), absmax=absmax.data_ptr(),
         nested_code=nested_code.data_ptr() if nested else None,
@@ -153,7 +165,7 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
         M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
         code=code.data_ptr(),
     )
-    rc = lib.lib.fastnf4_gemv_mma(ctypes.byref(p), dt, cg, int(nested), grid,
+    rc = lib.lib.fastnf4_gemv_mma(ctypes.byref(p), dt, v, int(nested), grid,
                                   ctypes.c_void_p(torch.cuda.current_stream(x2d.device).cuda_stream))
     if rc != 0:
         raise RuntimeError(f"gemv_mma launch failed (cudaError {rc})")
