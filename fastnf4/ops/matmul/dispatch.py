@@ -12,8 +12,8 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 The CUDA kernels (quick runs on 5 model shapes, NOTES.md "Session 4"): the decode kernel (M <= 4) is 1.2-1.7x
 bf16 cuBLAS on the large weights at M = 1; the GEMM kernel (4 < M <= 32, session 4) is 1.1-1.5x bf16 cuBLAS at
-M = 8 on the weights of 50 MB and more, about even at M = 16 and 0.65-0.95x at M = 32, and 1.5-4x faster than
-the Triton GEMM and dequantize + cuBLAS at every M it covers, so it takes all of 5..32.
+M = 8 on the weights of 50 MB and more, about even at M = 16 and 0.65-0.95x at M = 32, and 1.6-4x faster than
+fastnf4 dequantize + cuBLAS there (the Triton GEMM was slower than both), so it takes all of 5..32.
 
 The Triton paths below remain for builds without the CUDA kernels (no nvcc, FASTNF4_CUDA=0, too little shared
 memory):
