@@ -5,7 +5,8 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 | M                         | path                                                            |
 |---------------------------|-----------------------------------------------------------------|
 | 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 4,   |
-|                           | GEMM kernel 4 < M <= 32), K % 32 == 0                           |
+|                           | GEMM kernel 4 < M <= 32), K % 32 == 0; for M > 8 only N >= 4096 |
+|                           | (M <= 16) / N >= 8192 (M <= 32): ``MMA_MIN_N``                  |
 | 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
@@ -36,6 +37,9 @@ from ..dequantize import kernel as dq_kernel
 from . import gemv_mma, kernel
 
 MMA_MAX_M = 32  # CUDA tensor-core kernels (gemv_mma.cu) where they are built and the shape fits
+# ... and where they win: above M = 8 the GEMM kernel loses to dequantize + cuBLAS on narrow weights (H200,
+# h200-matmul.json of 5bc03c5: k+v at M = 16 18-21 vs 13-17 us; q/o with N <= 5376 at M = 32 35-67 vs 27-56 us)
+MMA_MIN_N = ((8, 0), (16, 4096), (32, 8192))  # (largest M, smallest N)
 GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
@@ -52,8 +56,12 @@ def num_sms(device: torch.device) -> int:
     return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def mma_wanted(m: int, n: int) -> bool:
+    return any(m <= mm and n >= nn for mm, nn in MMA_MIN_N)
+
+
 def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False) -> str:
-    if mma_ok and m <= MMA_MAX_M:
+    if mma_ok and mma_wanted(m, n):
         return "mma"
     if kernel.group_elems(k, blocksize) == 0:
         return "dequant+matmul"
@@ -76,7 +84,7 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
     """[M, N] result on the current stream; ``path`` forces a kernel (benchmarks, tests)."""
     m = x2d.shape[0]
     if path is None:
-        mma_ok = (not manual_bf16 and m <= MMA_MAX_M
+        mma_ok = (not manual_bf16 and mma_wanted(m, n)
                   and gemv_mma.supports(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize))
         path = choose_path(m, n, k, blocksize, mma_ok)
     w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
