@@ -538,7 +538,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
 // GEMM kernel for 4 < M <= 32 (MT = 1, 2, 4 tiles of 8 x rows). A block of kWarps warps takes work items of
 // kWarps adjacent 16-row tiles x one K range, all warps on the same slice at the same time: one block-wide
 // cp.async ring carries, per slice, every warp's weights (1 KiB each) and the block's x slice (8 MT rows x
-// 128), so x is read from L2 once per block instead of once per warp. One __syncthreads per slice guards it.
+// 128, rows 320 bytes apart), so x is read from L2 once per block instead of once per warp. One __syncthreads
+// per slice guards the ring.
 // Every mma takes its 16 k values from ONE 32-code chunk (so from one quantization block): lane t supplies
 // word t (codes 8t..8t+7) of the chunk, read from the ring where each lane's 16-byte chunk copy sits in an
 // XOR-swizzled slot (no bank conflicts). Two mma per chunk go into a fresh fragment that is then scaled by the
@@ -555,7 +556,7 @@ constexpr int kWarps = FASTNF4_GEMM_WARPS;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = FASTNF4_GEMM_STAGES;
 constexpr int kTableBytes = 256 * 256;  // as the decode kernel: entry v of lane l at byte 256 v + 4 l
-constexpr int kXRow = 288;              // bytes per x row of a stage (256 used; 72 words: conflict-free reads)
+constexpr int kXRow = 320;              // bytes per x row of a stage (256 used; 80 words: conflict-free reads)
 constexpr int kWarpBytes = kStages * 1024 + 16 * kStatStride * 4;
 template <int MT> struct Cfg {
   static constexpr int kXStage = 8 * MT * kXRow;
@@ -594,7 +595,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
 #pragma unroll
   for (int c = 0; c < 4; ++c) wr_src[c] = 16 * (4 * g + (c ^ ((g >> 1) & 3))) + 4 * t;
   const uint32_t xring_s = static_cast<uint32_t>(__cvta_generic_to_shared(xring));
-  const uint32_t xread_s = xring_s + g * kXRow + 8 * t;  // B fragment: x row 8 nt + g, piece (chunk c, t, h)
+  const uint32_t xread_s = xring_s + g * kXRow + 16 * t;  // B fragments: x row 8 nt + g, chunk c, codes 8t..8t+7
   const long long N = p.N, K = p.K, M = p.M;
   const int K32 = static_cast<int>(K);
   const int log2_bs = __ffsll(p.blocksize) - 1;
@@ -621,21 +622,21 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   auto advance = [&](BCursor& c) {
     if (++c.slice == c.s_end) begin(c, c.item + gridDim.x);
   };
-  // x pieces this thread copies per slice, fixed for the kernel: piece (row m, chunk c, t, h) = 8 bytes at
-  // element 32 c + 8 t + 4 h of the slice, idx % 32 = 8 c + 2 t + h (so a warp copies one row's 256 bytes in
-  // order), stored at word 72 m + 8 (2 c + h) + 2 t of the stage.
-  constexpr int kXCopies = (8 * MT * 32 + kThreads - 1) / kThreads;
+  // x pieces this thread copies per slice, fixed for the kernel: piece (row m, chunk c, t) = 16 bytes at
+  // element 32 c + 8 t of the slice, idx % 16 = 4 c + t, stored in order at byte 320 m + 16 (4 c + t); a
+  // quarter warp's 16-byte B loads (rows g, g + 1) then hit 32 distinct banks.
+  constexpr int kXCopies = (8 * MT * 16 + kThreads - 1) / kThreads;
   long long xsrc[kXCopies];  // byte offset of the piece in slice 0
   uint32_t xdst[kXCopies];   // byte offset in a stage
   int xlim[kXCopies];        // the piece is inside x at slice K offset kb when kb < xlim, else zero-filled
 #pragma unroll
   for (int i = 0; i < kXCopies; ++i) {
     const int idx = threadIdx.x + i * kThreads;
-    const int m = idx >> 5, c = (idx >> 3) & 3, tt = (idx >> 1) & 3, h = idx & 1;
-    xsrc[i] = 2LL * m * K + 8 * (idx & 31);
-    xdst[i] = m * kXRow + 32 * (2 * c + h) + 8 * tt;
+    const int m = idx >> 4, c = (idx >> 2) & 3;
+    xsrc[i] = 2LL * m * K + 16 * (idx & 15);
+    xdst[i] = m * kXRow + 16 * (idx & 15);
     // (-1: no piece here; a zero fill would land outside the stage)
-    xlim[i] = idx >= 8 * MT * 32 ? -1 : m < M ? max(0, K32 - 32 * c) : 0;
+    xlim[i] = idx >= 8 * MT * 16 ? -1 : m < M ? max(0, K32 - 32 * c) : 0;
   }
   // This warp's weight rows for the load cursor's item (rows outside N are never read: source size 0).
   const uint8_t* ldw = p.packed;
@@ -661,8 +662,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
       for (int i = 0; i < kXCopies; ++i) {
         if (xlim[i] < 0) continue;
         const bool on = kb < xlim[i];
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(xring_s + st * kXStage + xdst[i]),
-                     "l"(on ? xg + xsrc[i] + 2 * kb : xg), "r"(on ? 8 : 0));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(xring_s + st * kXStage + xdst[i]),
+                     "l"(on ? xg + xsrc[i] + 2 * kb : xg), "r"(on ? 16 : 0));
       }
     }
     cp_async_commit();
@@ -730,8 +731,13 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       float cf[MT][4];
+      uint4 bq[MT];  // x rows 8 nt + g at codes 8t..8t+7 of chunk c: (x, y) for h = 0, (z, w) for h = 1
 #pragma unroll
-      for (int nt = 0; nt < MT; ++nt) cf[nt][0] = cf[nt][1] = cf[nt][2] = cf[nt][3] = 0.f;
+      for (int nt = 0; nt < MT; ++nt) {
+        cf[nt][0] = cf[nt][1] = cf[nt][2] = cf[nt][3] = 0.f;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(bq[nt].x), "=r"(bq[nt].y), "=r"(bq[nt].z),
+                     "=r"(bq[nt].w) : "r"(xs + nt * 8 * kXRow + 64 * c));
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t a0, a1, a2, a3;
@@ -748,10 +754,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
         }
 #pragma unroll
         for (int nt = 0; nt < MT; ++nt) {
-          uint32_t b0, b1;
-          asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1)
-                       : "r"(xs + nt * 8 * kXRow + 32 * (2 * c + h)));
-          mma16816<T>(cf[nt], a0, a1, a2, a3, b0, b1);
+          mma16816<T>(cf[nt], a0, a1, a2, a3, h ? bq[nt].z : bq[nt].x, h ? bq[nt].w : bq[nt].y);
         }
       }
 #pragma unroll
