@@ -38,7 +38,8 @@ from . import gemv_mma, kernel
 
 MMA_MAX_M = 32  # CUDA tensor-core kernels (gemv_mma.cu) where they are built and the shape fits
 # ... and where they win: above M = 8 the GEMM kernel loses to dequantize + cuBLAS on narrow weights (H200,
-# h200-matmul.json of 5bc03c5: k+v at M = 16 18-21 vs 13-17 us; q/o with N <= 5376 at M = 32 35-67 vs 27-56 us)
+# bench matmul of 5bc03c5, NOTES.md session 4: k+v at M = 16 18-21 vs 13-17 us; q/o with N <= 5376 at M = 32
+# 35-67 vs 27-56 us)
 MMA_MIN_N = ((8, 0), (16, 4096), (32, 8192))  # (largest M, smallest N)
 GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
