@@ -8,7 +8,7 @@
 // merged with the lane's offset, is the shared-memory address) and one load from a 256-entry table of value
 // pairs replicated per lane (no bank conflicts whatever the codes).
 //
-// * gemv_mma_pipe (M <= 4, "decode"): the table holds code pairs rounded to the input dtype, so the lookup is
+// * gemv_mma_pipe (M <= 2, "decode"): the table holds code pairs rounded to the input dtype, so the lookup is
 //   the A operand; the per-block absmax is applied after the mma in float32. Quantization blocks (>= 32 codes)
 //   never split a chunk, but one slice can hold four blocks, so B column j stands for (x row j / 4, chunk
 //   j % 4) and only lanes with g % 4 == t carry x: C column j holds one row of x times one chunk's codes, which
@@ -281,7 +281,7 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Pipelined decode kernel for M <= 4 (column groups 1 and 2), organised to issue few instructions per code
+// Pipelined decode kernel for M <= 2 (one column group), organised to issue few instructions per code
 // and to keep many bytes in flight (ncu on the first version, session 2's kernel, Llama gate_up
 // M = 1: 0.52 instructions issued per scheduler cycle, 7.3 cycles between a warp's instructions, ~8.6
 // instructions per packed byte, 128 registers with spills, 16 warps per SM):
@@ -300,18 +300,12 @@ namespace pipe {
 #ifndef FASTNF4_PIPE_STAGES1
 #define FASTNF4_PIPE_STAGES1 6
 #endif
-#ifndef FASTNF4_PIPE_WARPS2
-#define FASTNF4_PIPE_WARPS2 16
-#endif
-#ifndef FASTNF4_PIPE_STAGES2
-#define FASTNF4_PIPE_STAGES2 6
-#endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kTableBytes = 256 * 256;
 // warps per block (one block per SM) and ring stages, per column-group count
 template <int CG> struct Cfg {
-  static constexpr int kWarps = CG == 1 ? FASTNF4_PIPE_WARPS1 : FASTNF4_PIPE_WARPS2;
-  static constexpr int kStages = CG == 1 ? FASTNF4_PIPE_STAGES1 : FASTNF4_PIPE_STAGES2;
+  static constexpr int kWarps = FASTNF4_PIPE_WARPS1;
+  static constexpr int kStages = FASTNF4_PIPE_STAGES1;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
   static constexpr int kWarpBytes = kRingBytes + 16 * fastnf4_mma::kStatStride * 4;
@@ -777,16 +771,16 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   cp_async_wait<0>();
 }
 
-// Kernel variants: 0 / 1 = decode kernel with 1 / 2 column groups (M <= 2 / 4); 2 / 3 / 4 = GEMM kernel with
-// 1 / 2 / 4 tiles of 8 rows (M <= 8 / 16 / 32).
+// Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
+// 16 / 32). M = 3-4 take the GEMM kernel: on the H200 it beat the decode kernel with 2 column groups there
+// (gate_up 166 vs 172 us, down 75 vs 88 us; NOTES.md session 4).
 template <typename T, bool kNested>
 void* pick(int variant) {
   switch (variant) {
     case 0: return (void*)gemv_mma_pipe<T, 1, kNested>;
-    case 1: return (void*)gemv_mma_pipe<T, 2, kNested>;
-    case 2: return (void*)gemm_mma_pipe<T, 1, kNested>;
-    case 3: return (void*)gemm_mma_pipe<T, 2, kNested>;
-    case 4: return (void*)gemm_mma_pipe<T, 4, kNested>;
+    case 1: return (void*)gemm_mma_pipe<T, 1, kNested>;
+    case 2: return (void*)gemm_mma_pipe<T, 2, kNested>;
+    case 3: return (void*)gemm_mma_pipe<T, 4, kNested>;
   }
   return nullptr;
 }
@@ -799,7 +793,6 @@ void* kernel_for(int dtype, int variant, int nested) {
 int threads_for(int variant) {
   switch (variant) {
     case 0: return pipe::Cfg<1>::kThreads;
-    case 1: return pipe::Cfg<2>::kThreads;
   }
   return gemm::kThreads;
 }
@@ -807,16 +800,15 @@ int threads_for(int variant) {
 int smem_for(int variant) {
   switch (variant) {
     case 0: return pipe::Cfg<1>::kSmem;
-    case 1: return pipe::Cfg<2>::kSmem;
-    case 2: return gemm::Cfg<1>::kSmem;
-    case 3: return gemm::Cfg<2>::kSmem;
-    case 4: return gemm::Cfg<4>::kSmem;
+    case 1: return gemm::Cfg<1>::kSmem;
+    case 2: return gemm::Cfg<2>::kSmem;
+    case 3: return gemm::Cfg<4>::kSmem;
   }
   return 0;
 }
 
 // weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block)
-int rows_for(int variant) { return variant <= 1 ? 16 : 16 * gemm::kWarps; }
+int rows_for(int variant) { return variant == 0 ? 16 : 16 * gemm::kWarps; }
 
 }  // namespace fastnf4_mma
 

@@ -95,13 +95,13 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
 
 
-VARIANTS = (0, 1, 2, 3, 4)
+VARIANTS = (0, 1, 2, 3)
 
 
 def variant(m: int) -> int:
-    """Kernel variant for M rows: 0 / 1 the decode kernel (M <= 2 / 4), 2 / 3 / 4 the GEMM kernel (M <= 8 /
-    16 / 32); see ``pick`` in gemv_mma.cu."""
-    return 0 if m <= 2 else 1 if m <= 4 else 2 if m <= 8 else 3 if m <= 16 else 4
+    """Kernel variant for M rows: 0 the decode kernel (M <= 2), 1 / 2 / 3 the GEMM kernel (M <= 8 / 16 / 32);
+    see ``pick`` in gemv_mma.cu."""
+    return 0 if m <= 2 else 1 if m <= 8 else 2 if m <= 16 else 3
 
 
 @functools.lru_cache(maxsize=4096)  # pure; called once per launch
