@@ -4,15 +4,15 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M                         | path                                                            |
 |---------------------------|-----------------------------------------------------------------|
-| 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 4,   |
-|                           | GEMM kernel 4 < M <= 32), K % 32 == 0; for M > 8 only N >= 4096 |
+| 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 2,   |
+|                           | GEMM kernel 2 < M <= 32), K % 32 == 0; for M > 8 only N >= 4096 |
 |                           | (M <= 16) / N >= 8192 (M <= 32): ``MMA_MIN_N``                  |
 | 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
 
-The CUDA kernels (quick runs on 5 model shapes, NOTES.md "Session 4"): the decode kernel (M <= 4) is 1.2-1.7x
-bf16 cuBLAS on the large weights at M = 1; the GEMM kernel (4 < M <= 32, session 4) is 1.1-1.5x bf16 cuBLAS at
+The CUDA kernels (quick runs on 5 model shapes, NOTES.md "Session 4"): the decode kernel (M <= 2) is 1.2-1.7x
+bf16 cuBLAS on the large weights at M = 1; the GEMM kernel (2 < M <= 32, session 4) is 1.1-1.5x bf16 cuBLAS at
 M = 8 on the weights of 50 MB and more, about even at M = 16 and 0.65-0.95x at M = 32, and 1.6-4x faster than
 fastnf4 dequantize + cuBLAS there (the Triton GEMM was slower than both), so it takes all of 5..32.
 

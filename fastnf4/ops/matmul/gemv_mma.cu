@@ -13,11 +13,12 @@
 //   never split a chunk, but one slice can hold four blocks, so B column j stands for (x row j / 4, chunk
 //   j % 4) and only lanes with g % 4 == t carry x: C column j holds one row of x times one chunk's codes, which
 //   is scaled by that chunk's absmax after every slice. CG groups of 8 columns cover M <= 2 CG.
-// * gemm_mma_pipe (4 < M <= 32): the table holds float32 code pairs; each pair is multiplied by its block's
-//   float32 absmax and rounded once to the input dtype (exactly the dequantized weight), so B is plain x
-//   (column = x row) and MT = M / 8 tiles of 8 columns share every decoded A fragment. A block's warps work on
-//   adjacent 16-row tiles of the same K slices, and x for those slices is staged once per block in shared
-//   memory (cp.async ring shared with the weights) instead of being read by every warp.
+// * gemm_mma_pipe (2 < M <= 32): the same table, but every mma takes its 16 k values from one chunk (lane t
+//   supplies word t of it), so each chunk's two mma go into a fresh fragment that is scaled by the chunk's
+//   absmax in float32 and added up; B is plain x (column = x row) and MT = M / 8 tiles of 8 columns share
+//   every decoded A fragment. A block's warps work on adjacent 16-row tiles of the same K slices, and x for
+//   those slices is staged once per block in shared memory (cp.async ring shared with the weights) instead of
+//   being read by every warp.
 //
 // Split-K: a work item is (row tile(s), K range). With S > 1 ranges the warps write float32 partial sums and
 // the last of them (an atomic counter per 16-row tile, reset by that warp) adds the S partials in a fixed
@@ -529,7 +530,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// GEMM kernel for 4 < M <= 32 (MT = 1, 2, 4 tiles of 8 x rows). A block of kWarps warps takes work items of
+// GEMM kernel for 2 < M <= 32 (MT = 1, 2, 4 tiles of 8 x rows). A block of kWarps warps takes work items of
 // kWarps adjacent 16-row tiles x one K range, all warps on the same slice at the same time: one block-wide
 // cp.async ring carries, per slice, every warp's weights (1 KiB each) and the block's x slice (8 MT rows x
 // 128, rows 320 bytes apart), so x is read from L2 once per block instead of once per warp. One __syncthreads
