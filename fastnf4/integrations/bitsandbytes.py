@@ -10,8 +10,8 @@ Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
 
 * ``dequantize_4bit`` and ``dequantize_4bit.out``: every blocksize, nf4 and fp4, any quant_storage; bit-exact.
 * ``quantize_4bit``: fp16/bf16/fp32 input, any quant_storage; bit-exact (packed bytes and absmax).
-* ``gemm_4bit`` (0.50): M >= 4 rows, double quant or not, bias; M < 4 rows only where fastnf4's CUDA decode
-  kernel (``ops/matmul/gemv_mma.cu``) is built and fits the shape (its Triton fallback GEMV is slower than
+* ``gemm_4bit`` (0.50): M >= 4 rows, double quant or not, bias; M < 4 rows only where fastnf4's CUDA tensor-core
+  kernels (``ops/matmul/gemv_mma.cu``) are built and fit the shape (its Triton fallback GEMV is slower than
   bitsandbytes', benchmarks/results/h200-matmul.json), otherwise bitsandbytes keeps them.
 * ``gemv_4bit`` (0.48/0.49 decode path; statistics already decoded to float32, the 16-entry ``code`` given):
   under the same condition as ``gemm_4bit`` at M < 4.
@@ -133,7 +133,7 @@ def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit
 
 
 def _decode_kernel_ok(A, B, k, blocksize) -> bool:
-    """A decode-size call (M < 4) that fastnf4's CUDA tensor-core decode kernel takes."""
+    """A decode-size call (M < 4) that fastnf4's CUDA tensor-core kernels take."""
     if not A.is_cuda or k == 0 or A.numel() % k:
         return False
     from fastnf4.ops.matmul import gemv_mma
