@@ -59,11 +59,10 @@ def run(opts) -> dict:
                        blocksize=opts.blocksize, nf4_mb=nf4_bytes / 1e6,
                        err_fastnf4=rel_err(y, ref), err_cublas_dequant=rel_err(x @ wd.T, ref))
             row["err_ratio"] = row["err_fastnf4"] / row["err_cublas_dequant"]
-            from fastnf4.ops.matmul import dispatch, gemv_mma
+            from fastnf4.ops.matmul import dispatch
 
-            mma_ok = m <= dispatch.MMA_MAX_M and gemv_mma.supports(
-                x, q.packed_u8, opts.blocksize, n, k, q.nested_code is not None, q.nested_blocksize)
-            row["path"] = dispatch.choose_path(m, n, k, opts.blocksize, mma_ok)
+            row["path"] = dispatch.pick_path(x, q.packed_u8, opts.blocksize, n, k, q.nested_code is not None,
+                                             q.nested_blocksize)
             floor_bytes = nf4_bytes + m * k * 2 + m * n * 2
             row["floor_us"] = floor_bytes / copy["GBps"] / 1e3
             provs = {

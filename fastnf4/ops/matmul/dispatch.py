@@ -36,11 +36,11 @@ import torch
 from ..dequantize import kernel as dq_kernel
 from . import gemv_mma, kernel
 
-MMA_MAX_M = 32  # CUDA tensor-core kernels (gemv_mma.cu) where they are built and the shape fits
-# ... and where they win: above M = 8 the GEMM kernel loses to dequantize + cuBLAS on narrow weights (H200,
-# bench matmul of 5bc03c5, NOTES.md session 4: k+v at M = 16 18-21 vs 13-17 us; q/o with N <= 5376 at M = 32
-# 35-67 vs 27-56 us)
+# CUDA tensor-core kernels (gemv_mma.cu) where they are built, the shape fits and they win: above M = 8 the GEMM
+# kernel loses to dequantize + cuBLAS on narrow weights (H200, bench matmul of 5bc03c5, NOTES.md session 4: k+v
+# at M = 16 18-21 vs 13-17 us; q/o with N <= 5376 at M = 32 35-67 vs 27-56 us)
 MMA_MIN_N = ((8, 0), (16, 4096), (32, 8192))  # (largest M, smallest N)
+MMA_MAX_M = MMA_MIN_N[-1][0]
 GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
@@ -79,15 +79,22 @@ def _finish(acc: torch.Tensor, bias, dtype):
     return acc.to(dtype)
 
 
+def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_blocksize: int,
+              manual_bf16: bool = False) -> str:
+    """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported)."""
+    m = x2d.shape[0]
+    mma_ok = (not manual_bf16 and mma_wanted(m, n)
+              and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
+    return choose_path(m, n, k, blocksize, mma_ok)
+
+
 def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
                   bias, path: str | None = None, manual_bf16: bool = False):
     # manual_bf16: running under Triton's CPU interpreter (exact bf16 rounding done with integers)
     """[M, N] result on the current stream; ``path`` forces a kernel (benchmarks, tests)."""
     m = x2d.shape[0]
     if path is None:
-        mma_ok = (not manual_bf16 and mma_wanted(m, n)
-                  and gemv_mma.supports(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize))
-        path = choose_path(m, n, k, blocksize, mma_ok)
+        path = pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize, manual_bf16)
     w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
     if path == "mma":
         return gemv_mma.launch(x2d, *w, bias)

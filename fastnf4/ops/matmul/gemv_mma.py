@@ -153,7 +153,8 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
     if y is None:
         y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
     partial = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
-    grid = min(sms * occ, -(-(-(-n // rows)) * s // per_block))
+    items = -(-n // rows) * s
+    grid = min(sms * occ, -(-items // per_block))
     p = Params(
         packed=packed.data_ptr(), absmax=absmax.data_ptr(),
         nested_code=nested_code.data_ptr() if nested else None,
