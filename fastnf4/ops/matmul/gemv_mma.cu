@@ -55,30 +55,15 @@ struct Params {
   const float* code;           // [16] values of the 4-bit codes (nf4 or fp4)
 };
 
-template <typename T> struct Pair;
-template <> struct Pair<__nv_bfloat16> {
+// bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
+template <typename T> struct Pair {
+  using T2 = typename std::conditional<std::is_same<T, __nv_bfloat16>::value, __nv_bfloat162, __half2>::type;
   static __device__ uint32_t make(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    T2 v = T2(T(lo), T(hi));
     return *reinterpret_cast<uint32_t*>(&v);
   }
-  static __device__ void store(void* y, long long i, float v) {
-    reinterpret_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(v);
-  }
-  static __device__ float load(const void* p, long long i) {
-    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-  }
-};
-template <> struct Pair<__half> {
-  static __device__ uint32_t make(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ void store(void* y, long long i, float v) {
-    reinterpret_cast<__half*>(y)[i] = __float2half_rn(v);
-  }
-  static __device__ float load(const void* p, long long i) {
-    return __half2float(reinterpret_cast<const __half*>(p)[i]);
-  }
+  static __device__ void store(void* y, long long i, float v) { reinterpret_cast<T*>(y)[i] = T(v); }
+  static __device__ float load(const void* p, long long i) { return float(reinterpret_cast<const T*>(p)[i]); }
 };
 
 template <typename T>
