@@ -101,3 +101,47 @@ def test_dispatcher_uses_it_for_decode_sizes():
     for m in range(1, dispatch.MMA_MAX_M + 1):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         assert gemv_mma.supports(x, q.packed_u8, q.blocksize, *q.shape)
+
+
+@pytest.mark.parametrize("blocksize", [64, 128, 1024])
+@pytest.mark.parametrize("nested", [False, True])
+def test_many_items_per_worker_and_short_phases(blocksize, nested):
+    # 2500 row tiles x up to 12 splits: every warp (decode kernel) or block (GEMM kernel) runs many work items,
+    # so split-K partial sums are settled for many items at the kernel's end, and statistics phases of 1-6
+    # slices hand over from one item to the next (the copies of the next phase land 1..kStages steps later)
+    torch.manual_seed(blocksize + nested)
+    n, k = 40000, 1536
+    dtype = torch.bfloat16
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
+                         double_quant=nested)
+    for m in (1, 8):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        ref = _model(q, x, None)
+        tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
+        for splits in (None, (12, 1), (4, 3), (3, 5), (2, 6)):
+            y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            gemv_mma.launch(x, *linear_args(q), y=y, splits=splits)
+            assert ((y.double() - ref).abs() <= tol).all(), (m, splits)
+            # the split-K counters were all reset: the same launch again gives the same bits
+            y2 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            gemv_mma.launch(x, *linear_args(q), y=y2, splits=splits)
+            assert torch.equal(y, y2), (m, splits)
+
+
+def test_unaligned_nested_codes():
+    # 8-bit absmax codes at an odd address (a view into a larger buffer): the kernel must not copy them with
+    # 4-byte cp.async (it stages them synchronously instead) and must give the same result
+    torch.manual_seed(3)
+    n, k = 3000, 4096
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, double_quant=True)
+    args = list(linear_args(q))
+    absmax = args[1]
+    assert absmax.dtype == torch.uint8
+    buf = torch.empty(absmax.numel() + 1, dtype=torch.uint8, device="cuda")
+    buf[1:] = absmax
+    args[1] = buf[1:]
+    assert args[1].data_ptr() % 4 == 1
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    y = gemv_mma.launch(x, *linear_args(q))
+    yu = gemv_mma.launch(x, *args)
+    assert torch.equal(y, yu)

@@ -95,18 +95,11 @@ __device__ __forceinline__ void put(const Params& p, long long split, long long 
   }
 }
 
-// Split-K end of a 16-row tile (after every lane's ``put``): the last warp to finish the tile (atomic counter,
-// reset by that warp) adds the S partials in split order, so results are bitwise repeatable.
+// Split-K sum of a 16-row tile whose S partials are all written: added in split order, so results are
+// bitwise repeatable.
 template <typename T>
-__device__ __forceinline__ void reduce_tile(const Params& p, long long tile, int lane) {
+__device__ __forceinline__ void sum_tile(const Params& p, long long tile, int lane) {
   const long long M = p.M, N = p.N;
-  __threadfence();
-  __syncwarp();
-  int last = 0;
-  if (lane == 0) last = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-  last = __shfl_sync(0xffffffffu, last, 0);
-  if (!last) return;
-  __threadfence();
   for (long long i = lane; i < 16 * M; i += 32) {  // each lane takes (m, row) pairs
     const long long m = i / 16, row = tile * 16 + (i % 16);
     if (row >= N) continue;
@@ -115,12 +108,43 @@ __device__ __forceinline__ void reduce_tile(const Params& p, long long tile, int
     if (p.bias) v += Pair<T>::load(p.bias, row);
     Pair<T>::store(p.y, m * N + row, v);
   }
-  __syncwarp();
-  if (lane == 0) atomicExch(p.counters + tile, 0);
+}
+
+// Split-K end of a worker (a warp of the decode kernel, a block's warp of the GEMM kernel), once all of its
+// work items have written their partial sums: one fence, then one arrival per item (an atomic counter per
+// 16-row tile; lane i takes the worker's item i, so the atomics are in flight together), and the worker
+// whose arrival completes a tile sums it and resets the counter. Items are first, first + stride, ... <
+// items; item i covers tile (i / S) * mult + add. Settling at the end instead of after every item takes the
+// fence and atomic round trips out of the main loop (H200, M = 1: 9-18% of the kernel time on the large
+// weights, NOTES.md session 5).
+template <typename T>
+__device__ __forceinline__ void settle_splits(const Params& p, long long first, long long stride, long long items,
+                                              long long mult, long long add, int lane) {
+  const long long splits = p.splits;
+  if (splits == 1) return;
+  __threadfence();  // this lane's partial sums are visible ...
+  __syncwarp();     // ... before any lane of the warp counts an arrival
+  for (long long base = first; base < items; base += 32 * stride) {
+    const long long item = base + lane * stride;
+    const long long tile = (item / splits) * mult + add;
+    bool last = false;
+    if (item < items && tile * 16 < p.N) last = atomicAdd(p.counters + tile, 1) == splits - 1;
+    unsigned todo = __ballot_sync(0xffffffffu, last);
+    if (todo) __threadfence();  // the other workers' partials are visible here
+    while (todo) {
+      const int src = __ffs(todo) - 1;
+      todo &= todo - 1;
+      const long long done = ((base + src * stride) / splits) * mult + add;
+      sum_tile<T>(p, done, lane);
+      __syncwarp();
+      if (lane == 0) atomicExch(p.counters + done, 0);
+    }
+  }
 }
 
 // End of a decode-kernel work item (16 rows of one K range): each lane's two chunk columns plus its
-// neighbour's give one (x row, weight row) dot product; lane t holds x row m = 2c + t / 2.
+// neighbour's give one (x row, weight row) dot product; lane t holds x row m = 2c + t / 2. With split-K these
+// are partial sums, added up by ``settle_splits`` when the kernel ends.
 template <typename T, int CG>
 __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[CG][4], long long tile,
                                             long long split, int lane) {
@@ -136,7 +160,6 @@ __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[
       put<T>(p, split, 2 * c + (t >> 1), rowA + 8, vB);
     }
   }
-  if (p.splits > 1) reduce_tile<T>(p, tile, lane);
 }
 
 // End of a GEMM-kernel work item for one warp's 16 rows: C fragment (row g / g + 8, column 2t / 2t + 1) of
@@ -154,7 +177,6 @@ __device__ __forceinline__ void finish_gemm(const Params& p, const float (&acc)[
       put<T>(p, split, 8 * nt + 2 * t + h, rowA + 8, acc[nt][2 + h]);
     }
   }
-  if (p.splits > 1) reduce_tile<T>(p, tile, lane);
 }
 
 // Statistics of a 16-row tile for the 8 slices from ``slice``: absmax of 32-code chunks [4 slice, 4 slice +
@@ -266,6 +288,89 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
   __syncwarp();
 }
 
+// The decode kernel's asynchronous form, for blocksizes >= 64 with K % 64 == 0 (each 64-code chunk pair lies
+// in one block): ``fetch_stats`` copies one lane's raw statistics of a phase (row tile * 16 + lane / 2, codes
+// k0 .. k0 + 511 of it) into its 8 words at ``raw_s`` with cp.async, a phase before ``decode_stats`` turns
+// them into the warp's table. Raw words: without nesting, word i = the absmax of chunk pair i; nested, words
+// 0-2 = the aligned words holding the pairs' 8-bit codes, words 3 / 4 = the nested absmax of the first / last
+// pair. This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
+// the kernel time on the H200, NOTES.md session 5) off the warp's path without holding registers.
+struct PhaseAt {
+  long long e0;  // flat index of the lane's first code
+  int pairs;     // chunk pairs of the lane inside the matrix (0..8)
+};
+__device__ __forceinline__ PhaseAt phase_at(const Params& p, long long tile, int slice, int lane) {
+  const long long row = tile * 16 + (lane >> 1);
+  const int k0 = slice * kSlice + 512 * (lane & 1);
+  const int K32 = static_cast<int>(p.K);
+  PhaseAt a;
+  a.e0 = row * p.K + k0;
+  a.pairs = row < p.N ? max(0, min(8, (K32 - k0) / 64)) : 0;
+  return a;
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int size) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(size));
+}
+
+template <bool kNested>
+__device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, long long tile, int slice, int lane,
+                                            int log2_bs, long long nblocks) {
+  const PhaseAt a = phase_at(p, tile, slice, lane);
+  if constexpr (kNested) {
+    const uint8_t* am = reinterpret_cast<const uint8_t*>(p.absmax);
+    const long long bf = a.e0 >> log2_bs, bl = (a.e0 + 64 * max(a.pairs - 1, 0)) >> log2_bs;
+    const long long w0 = bf & ~3LL;
+#pragma unroll
+    for (int w = 0; w < 3; ++w) {
+      const long long i = w0 + 4 * w;
+      const bool on = a.pairs > 0 && i <= bl;  // (the last word of the codes may be partial: read what exists)
+      cp_async4(raw_s + 4 * w, on ? am + i : am, on ? static_cast<int>(min(4LL, nblocks - i)) : 0);
+    }
+    cp_async4(raw_s + 12, a.pairs ? p.nested_absmax + (bf >> 8) : p.nested_absmax, a.pairs ? 4 : 0);
+    cp_async4(raw_s + 16, a.pairs ? p.nested_absmax + (bl >> 8) : p.nested_absmax, a.pairs ? 4 : 0);
+  } else {
+    const float* am = reinterpret_cast<const float*>(p.absmax);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const bool on = i < a.pairs;
+      cp_async4(raw_s + 4 * i, on ? am + ((a.e0 + 64 * i) >> log2_bs) : am, on ? 4 : 0);
+    }
+  }
+}
+
+template <bool kNested>
+__device__ __forceinline__ void decode_stats(const Params& p, const uint32_t* raw, float* stats,
+                                             const float* nested_code, float offset, long long tile, int slice,
+                                             int lane, int log2_bs) {
+  const PhaseAt a = phase_at(p, tile, slice, lane);
+  const uint4 r0 = *reinterpret_cast<const uint4*>(raw), r1 = *reinterpret_cast<const uint4*>(raw + 4);
+  const uint32_t r[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+  float v[8];
+  if constexpr (kNested) {
+    const long long bf = a.e0 >> log2_bs;
+    const long long w0 = bf & ~3LL;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const long long b = (a.e0 + 64 * i) >> log2_bs;
+      const int at = static_cast<int>(b - w0);  // 0..10
+      const uint32_t word = at < 4 ? r[0] : at < 8 ? r[1] : r[2];
+      const uint32_t q = (word >> (8 * (at & 3))) & 0xffu;
+      const float na = __uint_as_float((b >> 8) == (bf >> 8) ? r[3] : r[4]);
+      // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
+      v[i] = i < a.pairs ? __fadd_rn(__fmul_rn(nested_code[q], na), offset) : 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(r[i]);  // zero-filled outside the matrix
+  }
+  __syncwarp();  // every lane is done with the previous phase
+  float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[2 * j], v[2 * j], v[2 * j + 1], v[2 * j + 1]);
+  __syncwarp();
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Pipelined decode kernel for M <= 2 (one column group), organised to issue few instructions per code
 // and to keep many bytes in flight (ncu on the first version, session 2's kernel, Llama gate_up
@@ -286,6 +391,9 @@ namespace pipe {
 #ifndef FASTNF4_PIPE_STAGES1
 #define FASTNF4_PIPE_STAGES1 6
 #endif
+#ifndef FASTNF4_PIPE_ACC
+#define FASTNF4_PIPE_ACC 1
+#endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kTableBytes = 256 * 256;
 // warps per block (one block per SM) and ring stages, per column-group count
@@ -294,7 +402,8 @@ template <int CG> struct Cfg {
   static constexpr int kStages = FASTNF4_PIPE_STAGES1;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
-  static constexpr int kWarpBytes = kRingBytes + 16 * fastnf4_mma::kStatStride * 4;
+  static constexpr int kRawBytes = 32 * 32;  // raw statistics of the next phase: 8 words per lane
+  static constexpr int kWarpBytes = kRingBytes + 16 * fastnf4_mma::kStatStride * 4 + kRawBytes;
   static constexpr int kSmem = kTableBytes + kWarps * kWarpBytes;
 };
 }  // namespace pipe
@@ -311,6 +420,21 @@ __device__ __forceinline__ uint32_t lookup_pipe(uint32_t table_s, uint32_t lane4
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int n>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n)); }
+// at most ``n`` (< kMax) of this thread's groups pending; the count is an immediate, hence the switch
+template <int kMax>
+__device__ __forceinline__ void cp_async_wait_upto(int n) {
+  static_assert(kMax <= 8, "extend the switch");
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: if constexpr (kMax > 1) cp_async_wait<1>(); break;
+    case 2: if constexpr (kMax > 2) cp_async_wait<2>(); break;
+    case 3: if constexpr (kMax > 3) cp_async_wait<3>(); break;
+    case 4: if constexpr (kMax > 4) cp_async_wait<4>(); break;
+    case 5: if constexpr (kMax > 5) cp_async_wait<5>(); break;
+    case 6: if constexpr (kMax > 6) cp_async_wait<6>(); break;
+    default: break;
+  }
+}
 
 // Where a warp is in its sequence of (work item, slice): items warp0, warp0 + warps, ... with item = tile *
 // splits + split; moving to the next item is an add with carry (no division in the loop).
@@ -324,6 +448,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   using C = pipe::Cfg<CG>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
   using pipe::kPhase; using pipe::kTableBytes;
+  constexpr int kAcc = FASTNF4_PIPE_ACC;  // mma accumulator chains per slice (1 or 2)
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float nested_code[kNested ? 256 : 1];
   uint32_t* table = reinterpret_cast<uint32_t*>(smem);
@@ -341,6 +466,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   const int g = lane >> 2, t = lane & 3;
   uint8_t* wsm = smem + kTableBytes + warp * kWarpBytes;
   float* stats = reinterpret_cast<float*>(wsm + kRingBytes);
+  uint32_t* raw = reinterpret_cast<uint32_t*>(wsm + kWarpBytes - C::kRawBytes) + 8 * lane;
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
   const uint32_t table_s = static_cast<uint32_t>(__cvta_generic_to_shared(table));
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
   const uint32_t lane4 = 4 * lane;
@@ -356,6 +483,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
+  // statistics copied a phase ahead (4-byte cp.async: nested 8-bit codes need a 4-byte aligned array)
+  const bool async_stats = pair_shares_block && (!kNested || (reinterpret_cast<uintptr_t>(p.absmax) & 3) == 0);
+  const long long nblocks = (N * K + p.blocksize - 1) >> log2_bs;
 
   auto begin = [&](Cursor& c, long long tile, int split) {
     c.tile = tile;
@@ -449,9 +579,37 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
   const int c0 = (2 * t) & 3;
   int rel = 0;  // slice index inside the work item
+  bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
+  int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
+  bool diag_once = false;
   while (cp.tile < tiles) {
-    if ((rel & (kPhase - 1)) == 0)
-      stage_stats<kNested>(p, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs, pair_shares_block);
+#ifdef FASTNF4_DIAG_STATS_ONCE
+    if (rel == 0 && !diag_once) {
+      diag_once = true;
+#else
+    if ((rel & (kPhase - 1)) == 0) {
+#endif
+      if (fetched) {
+        // that group is done once at most since - 1 newer ones are pending (always so after kStages steps)
+        if (since < kStages) cp_async_wait_upto<kStages - 1>(since - 1);
+        decode_stats<kNested>(p, raw, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs);
+      } else {
+        stage_stats<kNested>(p, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs, pair_shares_block);
+      }
+      if (async_stats) {  // copy the next phase's (same item, or the next item's first) raw statistics
+        Cursor n = cp;
+        if (n.slice + kPhase < n.s_end) {
+          n.slice += kPhase;
+        } else {
+          n.slice = n.s_end - 1;
+          advance(n);
+        }
+        fetched = n.tile < tiles;
+        if (fetched) fetch_stats<kNested>(p, raw_s, n.tile, n.slice, lane, log2_bs, nblocks);
+        since = 0;
+      }
+    }
+    ++since;
     uint4 xn[CG][4];
     load_x(xc, xn);
     advance(xc);
@@ -465,9 +623,11 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     ring_cp = ring_cp + 1024 == ring_end ? ring_s : ring_cp + 1024;
     const uint32_t wA[4] = {wa.x, wa.y, wa.z, wa.w};
     const uint32_t wB[4] = {wb.x, wb.y, wb.z, wb.w};
-    float cf[CG][4];
+    float cfs[kAcc][CG][4];  // kAcc independent mma chains
 #pragma unroll
-    for (int c = 0; c < CG; ++c) cf[c][0] = cf[c][1] = cf[c][2] = cf[c][3] = 0.f;
+    for (int h = 0; h < kAcc; ++h)
+#pragma unroll
+      for (int c = 0; c < CG; ++c) cfs[h][c][0] = cfs[h][c][1] = cfs[h][c][2] = cfs[h][c][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       uint32_t a0, a1, a2, a3;
@@ -485,9 +645,18 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
 #pragma unroll
       for (int c = 0; c < CG; ++c) {
         const uint4 q = xb[c][s >> 1];
-        mma16816<T>(cf[c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
+        mma16816<T>(cfs[s % kAcc][c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
       }
     }
+    float cf[CG][4];
+#pragma unroll
+    for (int c = 0; c < CG; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        cf[c][i] = cfs[0][c][i];
+#pragma unroll
+        for (int h = 1; h < kAcc; ++h) cf[c][i] += cfs[h][c][i];
+      }
     const int j = (rel & (kPhase - 1)) * 4 + c0;
     const float2 sA = *reinterpret_cast<const float2*>(stats + g * kStatStride + j);
     const float2 sB = *reinterpret_cast<const float2*>(stats + (g + 8) * kStatStride + j);
@@ -512,6 +681,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     rel = 0;
   }
   cp_async_wait<0>();
+#ifndef FASTNF4_DIAG_NO_SETTLE
+  settle_splits<T>(p, warp0, warps, tiles * splits, 1, 0, lane);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -755,6 +927,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
     begin(cp, cp.item + gridDim.x);
   }
   cp_async_wait<0>();
+  settle_splits<T>(p, blockIdx.x, gridDim.x, items, kWarps, warp, lane);
 }
 
 // Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /

@@ -1,0 +1,30 @@
+"""Decode kernel (M = 1) on the large weights: time per split-K choice and % of the NF4 byte floor, for the
+build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included). usage: python benchmarks/probe_decode.py [S ...]"""
+import sys
+
+import torch
+
+import fastnf4
+from fastnf4.api import linear_args
+from fastnf4.bench.common import clone_weight
+from fastnf4.bench.harness import copy_bandwidth, rotation_count, time_graph
+from fastnf4.ops.matmul import gemv_mma
+
+bw = copy_bandwidth(2**30)["GBps"]
+splits = [int(a) for a in sys.argv[1:]] or [0]
+for n, k in [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]:
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    q = fastnf4.quantize(w)
+    del w
+    reps = rotation_count(q.nbytes())
+    qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    floor = (q.nbytes() + 2 * k + 2 * n) / bw / 1e3
+    slices = -(-k // 128)
+    line = f"{n:5d}x{k:5d} floor {floor:5.1f} plan {gemv_mma.plan(1, n, k, 132 * 16)}:"
+    for s in splits:
+        sp = None if s == 0 else (s, -(-slices // s))
+        t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp) for i in range(reps)])
+        line += f" s{s} {t['median_us']:6.1f} ({100 * floor / t['median_us']:3.0f}%)"
+    print(line, flush=True)
+    del qs, q
