@@ -296,16 +296,18 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 // pair. This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
 // the kernel time on the H200, NOTES.md session 5) off the warp's path without holding registers.
 struct PhaseAt {
-  long long e0;  // flat index of the lane's first code
-  int pairs;     // chunk pairs of the lane inside the matrix (0..8)
+  long long bf;  // block of the lane's first code
+  int r;         // position of that code inside its block (a multiple of 64)
+  int pairs;     // chunk pairs of the lane inside the matrix (0..8); pair i lies in block bf + ((r + 64 i) >> log2_bs)
 };
-__device__ __forceinline__ PhaseAt phase_at(const Params& p, long long tile, int slice, int lane) {
+__device__ __forceinline__ PhaseAt phase_at(const Params& p, long long tile, int slice, int lane, int log2_bs) {
   const long long row = tile * 16 + (lane >> 1);
   const int k0 = slice * kSlice + 512 * (lane & 1);
-  const int K32 = static_cast<int>(p.K);
+  const long long e0 = row * p.K + k0;
   PhaseAt a;
-  a.e0 = row * p.K + k0;
-  a.pairs = row < p.N ? max(0, min(8, (K32 - k0) / 64)) : 0;
+  a.bf = e0 >> log2_bs;
+  a.r = static_cast<int>(e0 & ((1LL << log2_bs) - 1));
+  a.pairs = row < p.N ? max(0, min(8, (static_cast<int>(p.K) - k0) / 64)) : 0;
   return a;
 }
 
@@ -316,51 +318,68 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int siz
 template <bool kNested>
 __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, long long tile, int slice, int lane,
                                             int log2_bs, long long nblocks) {
-  const PhaseAt a = phase_at(p, tile, slice, lane);
+  const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
   if constexpr (kNested) {
     const uint8_t* am = reinterpret_cast<const uint8_t*>(p.absmax);
-    const long long bf = a.e0 >> log2_bs, bl = (a.e0 + 64 * max(a.pairs - 1, 0)) >> log2_bs;
-    const long long w0 = bf & ~3LL;
+    const int span = (a.r + 64 * max(a.pairs - 1, 0)) >> log2_bs;  // last pair's block - bf
+    const long long w0 = a.bf & ~3LL;
+    const int last = static_cast<int>(a.bf - w0) + span;            // its byte in the copied words (0..10)
+    const long long left = nblocks - w0;                             // bytes of codes from w0 on
 #pragma unroll
     for (int w = 0; w < 3; ++w) {
-      const long long i = w0 + 4 * w;
-      const bool on = a.pairs > 0 && i <= bl;  // (the last word of the codes may be partial: read what exists)
-      cp_async4(raw_s + 4 * w, on ? am + i : am, on ? static_cast<int>(min(4LL, nblocks - i)) : 0);
+      const bool on = a.pairs > 0 && 4 * w <= last;  // (the array's last word may be partial: read what exists)
+      cp_async4(raw_s + 4 * w, on ? am + w0 + 4 * w : am, on ? static_cast<int>(min(4LL, left - 4 * w)) : 0);
     }
-    cp_async4(raw_s + 12, a.pairs ? p.nested_absmax + (bf >> 8) : p.nested_absmax, a.pairs ? 4 : 0);
-    cp_async4(raw_s + 16, a.pairs ? p.nested_absmax + (bl >> 8) : p.nested_absmax, a.pairs ? 4 : 0);
+    const float* na = p.nested_absmax + (a.bf >> 8);
+    const int sz = a.pairs ? 4 : 0;
+    cp_async4(raw_s + 12, sz ? na : p.nested_absmax, sz);
+    cp_async4(raw_s + 16, sz ? na + (((a.bf & 255) + span) >> 8) : p.nested_absmax, sz);
   } else {
-    const float* am = reinterpret_cast<const float*>(p.absmax);
+    const float* am = reinterpret_cast<const float*>(p.absmax) + a.bf;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const bool on = i < a.pairs;
-      cp_async4(raw_s + 4 * i, on ? am + ((a.e0 + 64 * i) >> log2_bs) : am, on ? 4 : 0);
+      cp_async4(raw_s + 4 * i, on ? am + ((a.r + 64 * i) >> log2_bs) : p.absmax, on ? 4 : 0);
     }
   }
 }
 
+__device__ __forceinline__ uint32_t lds_u8(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float lds_f32(uint32_t a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
+  return v;
+}
+
+// (raw_s / nested_s: shared addresses of the lane's raw words and of the 256 nested code values; branch-free,
+// with a blocksize-64 form whose pair i is block bf + i)
 template <bool kNested>
-__device__ __forceinline__ void decode_stats(const Params& p, const uint32_t* raw, float* stats,
-                                             const float* nested_code, float offset, long long tile, int slice,
-                                             int lane, int log2_bs) {
-  const PhaseAt a = phase_at(p, tile, slice, lane);
-  const uint4 r0 = *reinterpret_cast<const uint4*>(raw), r1 = *reinterpret_cast<const uint4*>(raw + 4);
-  const uint32_t r[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+__device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, uint32_t nested_s, float* stats,
+                                             float offset, long long tile, int slice, int lane, int log2_bs) {
   float v[8];
   if constexpr (kNested) {
-    const long long bf = a.e0 >> log2_bs;
-    const long long w0 = bf & ~3LL;
+    const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
+    const uint32_t cs = raw_s + static_cast<uint32_t>(a.bf & 3);  // the first pair's 8-bit code
+    const int nb = static_cast<int>(a.bf & 255);
+    const float na0 = lds_f32(raw_s + 12), na1 = lds_f32(raw_s + 16);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const long long b = (a.e0 + 64 * i) >> log2_bs;
-      const int at = static_cast<int>(b - w0);  // 0..10
-      const uint32_t word = at < 4 ? r[0] : at < 8 ? r[1] : r[2];
-      const uint32_t q = (word >> (8 * (at & 3))) & 0xffu;
-      const float na = __uint_as_float((b >> 8) == (bf >> 8) ? r[3] : r[4]);
+      const int d = log2_bs == 6 ? i : (a.r + 64 * i) >> log2_bs;
+      const float c = lds_f32(nested_s + 4 * lds_u8(cs + d));
       // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
-      v[i] = i < a.pairs ? __fadd_rn(__fmul_rn(nested_code[q], na), offset) : 0.f;
+      const float val = __fadd_rn(__fmul_rn(c, nb + d < 256 ? na0 : na1), offset);
+      v[i] = i < a.pairs ? val : 0.f;
     }
   } else {
+    uint4 r0, r1;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r0.x), "=r"(r0.y), "=r"(r0.z), "=r"(r0.w) : "r"(raw_s));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r1.x), "=r"(r1.y), "=r"(r1.z), "=r"(r1.w)
+                 : "r"(raw_s + 16));
+    const uint32_t r[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(r[i]);  // zero-filled outside the matrix
   }
@@ -376,23 +395,25 @@ __device__ __forceinline__ void decode_stats(const Params& p, const uint32_t* ra
 // and to keep many bytes in flight (ncu on the first version, session 2's kernel, Llama gate_up
 // M = 1: 0.52 instructions issued per scheduler cycle, 7.3 cycles between a warp's instructions, ~8.6
 // instructions per packed byte, 128 registers with spills, 16 warps per SM):
-// - one PRMT + one LDS per packed byte: the table entry v of lane l sits at byte v * 256 + 4 l, so a single
-//   byte permute of (word, 4 l) yields the address (the upper 128 bytes of every entry are unused);
+// - one PRMT + one LDS per packed byte: the table entry v of lane l sits at byte v * 256 + 4 l of a table that
+//   starts at a 64 KiB-aligned shared address, so a single byte permute of (word, table | 4 l) yields the
+//   full address (the upper 128 bytes of every entry are unused);
 // - weights go global -> shared with cp.async into a per-warp ring of kStages slices (each lane copies and
-//   later reads only its own 32 bytes, so no warp synchronisation is needed), kStages - 1 slices in flight;
+//   later reads only its own 32 bytes, so no warp synchronisation is needed); a lane reads its bytes of the
+//   next slice into registers while it computes the current one, kStages - 2 slices in flight beyond that;
 //   the ring runs across work items, so a warp never drains it between items;
-// - statistics are decoded once per kPhase slices into a per-warp table (row x 32-code chunk, float32), with
-//   coalesced loads spread over the lanes instead of 4-8 scattered loads per lane per slice;
-// - x is prefetched one slice ahead in registers; 32-bit offsets inside a work item.
+// - statistics are decoded once per kPhase slices into a per-warp table (row x 32-code chunk, float32), from
+//   raw bytes that cp.async brought into shared memory a phase earlier (``fetch_stats``);
+// - x is prefetched one slice ahead in registers (two steps per loop trip alternate the buffers); 32-bit
+//   offsets inside a work item; split-K partial sums are settled when the warp has no work left.
+// Timing-only build switches (wrong results): FASTNF4_DIAG_STATS_ONCE stages statistics once per warp,
+// FASTNF4_DIAG_NO_SETTLE skips the split-K settlement; they measure what those parts cost (NOTES.md).
 namespace pipe {
 #ifndef FASTNF4_PIPE_WARPS1
 #define FASTNF4_PIPE_WARPS1 16
 #endif
 #ifndef FASTNF4_PIPE_STAGES1
 #define FASTNF4_PIPE_STAGES1 6
-#endif
-#ifndef FASTNF4_PIPE_ACC
-#define FASTNF4_PIPE_ACC 1
 #endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kTableBytes = 256 * 256;
@@ -404,7 +425,9 @@ template <int CG> struct Cfg {
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
   static constexpr int kRawBytes = 32 * 32;  // raw statistics of the next phase: 8 words per lane
   static constexpr int kWarpBytes = kRingBytes + 16 * fastnf4_mma::kStatStride * 4 + kRawBytes;
-  static constexpr int kSmem = kTableBytes + kWarps * kWarpBytes;
+  // the table starts at a 64 KiB-aligned shared address (see lookup_based); the warp areas fill the space below
+  // it and continue above, which needs at most one warp area of slack whatever the base address is
+  static constexpr int kSmem = kTableBytes + (kWarps + 1) * kWarpBytes;
 };
 }  // namespace pipe
 
@@ -414,6 +437,17 @@ __device__ __forceinline__ uint32_t lookup_pipe(uint32_t table_s, uint32_t lane4
   const uint32_t off = __byte_perm(w, lane4, 0x5504u | (j << 4));
   uint32_t v;
   asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(table_s + off));
+  return v;
+}
+
+// The same lookup with the table at a 64 KiB-aligned shared address: ``lane_base`` = table address | 4 l, so
+// the permute alone yields the full address [4 l, byte j of w, table bytes 2-3] and the load needs no add
+// (the add was one instruction per packed byte in the decode kernel's SASS).
+template <int j>
+__device__ __forceinline__ uint32_t lookup_based(uint32_t lane_base, uint32_t w) {
+  const uint32_t addr = __byte_perm(w, lane_base, 0x7604u | (j << 4));
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
 
@@ -448,10 +482,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   using C = pipe::Cfg<CG>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
   using pipe::kPhase; using pipe::kTableBytes;
-  constexpr int kAcc = FASTNF4_PIPE_ACC;  // mma accumulator chains per slice (1 or 2)
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float nested_code[kNested ? 256 : 1];
-  uint32_t* table = reinterpret_cast<uint32_t*>(smem);
+  // table at the first 64 KiB-aligned shared address; warp areas below it as far as they fit, then above
+  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t tpad = (0u - smem_s) & 0xffffu;
+  const int below = static_cast<int>(tpad) / kWarpBytes;
+  uint32_t* table = reinterpret_cast<uint32_t*>(smem + tpad);
   for (int i = threadIdx.x; i < 256 * 32; i += C::kThreads) {
     const int v = i >> 5;
     table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
@@ -464,13 +501,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  uint8_t* wsm = smem + kTableBytes + warp * kWarpBytes;
+  uint8_t* wsm = smem + (warp < below ? warp * kWarpBytes : tpad + kTableBytes + (warp - below) * kWarpBytes);
   float* stats = reinterpret_cast<float*>(wsm + kRingBytes);
   uint32_t* raw = reinterpret_cast<uint32_t*>(wsm + kWarpBytes - C::kRawBytes) + 8 * lane;
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
-  const uint32_t table_s = static_cast<uint32_t>(__cvta_generic_to_shared(table));
+  const uint32_t nested_s = static_cast<uint32_t>(__cvta_generic_to_shared(nested_code));
+  const uint32_t lane_base = (smem_s + tpad) | (4 * lane);  // table address (a multiple of 65536) | 4 l
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
-  const uint32_t lane4 = 4 * lane;
   const long long N = p.N, K = p.K;
   const int K32 = static_cast<int>(K);  // the host keeps K < 2^31
   const int log2_bs = __ffsll(p.blocksize) - 1;
@@ -568,7 +605,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     issue();
   }
   ring_ld = ring_s + (kStages - 1) * 1024;
-  uint32_t ring_cp = ring_s;  // shared address of the stage being computed
+  uint32_t ring_rd = ring_s;  // shared address of the stage read next (one slice ahead of the compute)
   const uint32_t ring_end = ring_s + kStages * 1024;
   Cursor xc = cp;  // x runs one slice ahead of the compute cursor
   uint4 xb[CG][4];
@@ -581,8 +618,19 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   int rel = 0;  // slice index inside the work item
   bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
   int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
+#ifdef FASTNF4_DIAG_STATS_ONCE  // timing experiment only (wrong results): statistics staged once per warp
   bool diag_once = false;
-  while (cp.tile < tiles) {
+#endif
+  // one slice: mma on x ``xcur`` (loaded a step ago), x of the next slice into ``xnext``
+  // this lane's 32 bytes of the slice at ring_rd (rows g and g + 8), read one slice ahead of their use
+  auto read_ring = [&](uint4 (&w)[2]) {
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[0].x), "=r"(w[0].y), "=r"(w[0].z), "=r"(w[0].w)
+                 : "r"(ring_rd));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[1].x), "=r"(w[1].y), "=r"(w[1].z), "=r"(w[1].w)
+                 : "r"(ring_rd + 512));
+    ring_rd = ring_rd + 1024 == ring_end ? ring_s : ring_rd + 1024;
+  };
+  auto step = [&](const uint4 (&xcur)[CG][4], uint4 (&xnext)[CG][4], const uint4 (&wcur)[2], uint4 (&wnext)[2]) {
 #ifdef FASTNF4_DIAG_STATS_ONCE
     if (rel == 0 && !diag_once) {
       diag_once = true;
@@ -590,9 +638,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     if ((rel & (kPhase - 1)) == 0) {
 #endif
       if (fetched) {
-        // that group is done once at most since - 1 newer ones are pending (always so after kStages steps)
-        if (since < kStages) cp_async_wait_upto<kStages - 1>(since - 1);
-        decode_stats<kNested>(p, raw, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs);
+        // that group is done once at most since - 1 newer ones are pending (always so after kStages - 1 steps)
+        if (since < kStages - 1) cp_async_wait_upto<kStages - 1>(since - 1);
+        decode_stats<kNested>(p, raw_s, nested_s, stats, offset, cp.tile, cp.slice, lane, log2_bs);
       } else {
         stage_stats<kNested>(p, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs, pair_shares_block);
       }
@@ -610,53 +658,38 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
       }
     }
     ++since;
-    uint4 xn[CG][4];
-    load_x(xc, xn);
+    load_x(xc, xnext);
     advance(xc);
     issue();
     ring_ld = ring_ld + 1024 == ring_end ? ring_s : ring_ld + 1024;
-    cp_async_wait<kStages - 1>();  // this slice's group has landed (each lane waits for its own copies)
-
-    uint4 wa, wb;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wa.x), "=r"(wa.y), "=r"(wa.z), "=r"(wa.w) : "r"(ring_cp));
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(wb.x), "=r"(wb.y), "=r"(wb.z), "=r"(wb.w) : "r"(ring_cp + 512));
-    ring_cp = ring_cp + 1024 == ring_end ? ring_s : ring_cp + 1024;
+    cp_async_wait<kStages - 2>();  // the next slice's group has landed (each lane waits for its own copies)
+    read_ring(wnext);              // (past the last slice: stale bytes, never used)
+    const uint4 wa = wcur[0], wb = wcur[1];
     const uint32_t wA[4] = {wa.x, wa.y, wa.z, wa.w};
     const uint32_t wB[4] = {wb.x, wb.y, wb.z, wb.w};
-    float cfs[kAcc][CG][4];  // kAcc independent mma chains
+    float cf[CG][4];
 #pragma unroll
-    for (int h = 0; h < kAcc; ++h)
-#pragma unroll
-      for (int c = 0; c < CG; ++c) cfs[h][c][0] = cfs[h][c][1] = cfs[h][c][2] = cfs[h][c][3] = 0.f;
+    for (int c = 0; c < CG; ++c) cf[c][0] = cf[c][1] = cf[c][2] = cf[c][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       uint32_t a0, a1, a2, a3;
       if (s & 1) {
-        a0 = lookup_pipe<2>(table_s, lane4, wA[s >> 1]);
-        a1 = lookup_pipe<2>(table_s, lane4, wB[s >> 1]);
-        a2 = lookup_pipe<3>(table_s, lane4, wA[s >> 1]);
-        a3 = lookup_pipe<3>(table_s, lane4, wB[s >> 1]);
+        a0 = lookup_based<2>(lane_base, wA[s >> 1]);
+        a1 = lookup_based<2>(lane_base, wB[s >> 1]);
+        a2 = lookup_based<3>(lane_base, wA[s >> 1]);
+        a3 = lookup_based<3>(lane_base, wB[s >> 1]);
       } else {
-        a0 = lookup_pipe<0>(table_s, lane4, wA[s >> 1]);
-        a1 = lookup_pipe<0>(table_s, lane4, wB[s >> 1]);
-        a2 = lookup_pipe<1>(table_s, lane4, wA[s >> 1]);
-        a3 = lookup_pipe<1>(table_s, lane4, wB[s >> 1]);
+        a0 = lookup_based<0>(lane_base, wA[s >> 1]);
+        a1 = lookup_based<0>(lane_base, wB[s >> 1]);
+        a2 = lookup_based<1>(lane_base, wA[s >> 1]);
+        a3 = lookup_based<1>(lane_base, wB[s >> 1]);
       }
 #pragma unroll
       for (int c = 0; c < CG; ++c) {
-        const uint4 q = xb[c][s >> 1];
-        mma16816<T>(cfs[s % kAcc][c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
+        const uint4 q = xcur[c][s >> 1];
+        mma16816<T>(cf[c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
       }
     }
-    float cf[CG][4];
-#pragma unroll
-    for (int c = 0; c < CG; ++c)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        cf[c][i] = cfs[0][c][i];
-#pragma unroll
-        for (int h = 1; h < kAcc; ++h) cf[c][i] += cfs[h][c][i];
-      }
     const int j = (rel & (kPhase - 1)) * 4 + c0;
     const float2 sA = *reinterpret_cast<const float2*>(stats + g * kStatStride + j);
     const float2 sB = *reinterpret_cast<const float2*>(stats + (g + 8) * kStatStride + j);
@@ -666,11 +699,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
       acc[c][1] = fmaf(cf[c][1], sA.y, acc[c][1]);
       acc[c][2] = fmaf(cf[c][2], sB.x, acc[c][2]);
       acc[c][3] = fmaf(cf[c][3], sB.y, acc[c][3]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xb[c][i] = xn[c][i];
     }
     ++rel;
-    if (++cp.slice < cp.s_end) continue;
+    if (++cp.slice < cp.s_end) return;
 
     // the work item is complete: write (or reduce) its 16 rows, then move to the next item
     finish_item<T, CG>(p, acc, cp.tile, cp.split, lane);
@@ -679,6 +710,15 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     --cp.slice;
     advance(cp);
     rel = 0;
+  };
+  // two steps per trip, alternating the x buffers (no register copies)
+  uint4 xb2[CG][4], w1[2], w2[2];
+  cp_async_wait<kStages - 2>();  // the first slice's group has landed
+  read_ring(w1);
+  while (cp.tile < tiles) {
+    step(xb, xb2, w1, w2);
+    if (cp.tile >= tiles) break;
+    step(xb2, xb, w2, w1);
   }
   cp_async_wait<0>();
 #ifndef FASTNF4_DIAG_NO_SETTLE
