@@ -184,6 +184,15 @@ __device__ __forceinline__ void finish_gemm(const Params& p, const float (&acc)[
 // chunks 16 (l % 2) .. 16 (l % 2) + 15: coalesced, and the nested decode done once per chunk. Split in two so
 // that a kernel can issue the loads a phase ahead (``load_stats``) and decode them when due (``store_stats``).
 constexpr int kStatStride = 36;  // floats per row: 32 + 4 so that rows g and g + 1 differ by 4 banks
+// A lane's 16 chunk values of a phase (row lane / 2, chunks 16 (lane % 2) ..) into the warp's table.
+__device__ __forceinline__ void write_phase(float* stats, const float (&v)[16], int lane) {
+  __syncwarp();  // every lane is done with the previous phase
+  float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+  __syncwarp();
+}
+
 template <bool kNested> struct StatRaw {
   float a[kNested ? 2 : 16];    // absmax per chunk (0 outside), or the (at most two) nested absmax of the chunks
   uint32_t q[kNested ? 4 : 1];  // nested: the 16 uint8 absmax codes, 4 per word
@@ -245,11 +254,7 @@ __device__ __forceinline__ void store_stats(const StatRaw<kNested>& r, float* st
       v[j] = r.a[j];
     }
   }
-  __syncwarp();  // every lane is done with the previous phase
-  float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
-#pragma unroll
-  for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
-  __syncwarp();
+  write_phase(stats, v, lane);
 }
 
 // The decode kernel's form: loads and decode in one go when the phase starts (each warp runs on its own there,
@@ -281,11 +286,7 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
       v[j] = on ? __ldg(reinterpret_cast<const float*>(p.absmax) + b) : 0.f;
     }
   }
-  __syncwarp();  // every lane is done with the previous phase
-  float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
-#pragma unroll
-  for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
-  __syncwarp();
+  write_phase(stats, v, lane);
 }
 
 // The decode kernel's asynchronous form, for blocksizes >= 64 with K % 64 == 0 (each 64-code chunk pair lies
@@ -383,11 +384,10 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(r[i]);  // zero-filled outside the matrix
   }
-  __syncwarp();  // every lane is done with the previous phase
-  float4* dst = reinterpret_cast<float4*>(stats + (lane >> 1) * kStatStride + 16 * (lane & 1));
+  float v16[16];  // a chunk pair's value for both of its chunks
 #pragma unroll
-  for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[2 * j], v[2 * j], v[2 * j + 1], v[2 * j + 1]);
-  __syncwarp();
+  for (int i = 0; i < 16; ++i) v16[i] = v[i / 2];
+  write_phase(stats, v16, lane);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -621,7 +621,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
 #ifdef FASTNF4_DIAG_STATS_ONCE  // timing experiment only (wrong results): statistics staged once per warp
   bool diag_once = false;
 #endif
-  // one slice: mma on x ``xcur`` (loaded a step ago), x of the next slice into ``xnext``
   // this lane's 32 bytes of the slice at ring_rd (rows g and g + 8), read one slice ahead of their use
   auto read_ring = [&](uint4 (&w)[2]) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[0].x), "=r"(w[0].y), "=r"(w[0].z), "=r"(w[0].w)
@@ -630,6 +629,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
                  : "r"(ring_rd + 512));
     ring_rd = ring_rd + 1024 == ring_end ? ring_s : ring_rd + 1024;
   };
+  // one slice: mma on x ``xcur`` and weights ``wcur`` (both read a step ago); the next slice's into ``xnext`` /
+  // ``wnext``
   auto step = [&](const uint4 (&xcur)[CG][4], uint4 (&xnext)[CG][4], const uint4 (&wcur)[2], uint4 (&wnext)[2]) {
 #ifdef FASTNF4_DIAG_STATS_ONCE
     if (rel == 0 && !diag_once) {
@@ -703,7 +704,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     ++rel;
     if (++cp.slice < cp.s_end) return;
 
-    // the work item is complete: write (or reduce) its 16 rows, then move to the next item
+    // the work item is complete: write its 16 rows (partial sums with split-K), then move to the next item
     finish_item<T, CG>(p, acc, cp.tile, cp.split, lane);
 #pragma unroll
     for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
