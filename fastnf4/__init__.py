@@ -10,5 +10,7 @@ from . import _ops  # noqa: F401  (registers the fastnf4:: custom ops)
 from .api import dequantize, linear, quantize
 from .format import NF4Weight
 from .integrations.bitsandbytes import patch_bitsandbytes, unpatch_bitsandbytes
+from .nn import Linear4bit, quantize_model
 
-__all__ = ["NF4Weight", "dequantize", "linear", "patch_bitsandbytes", "quantize", "unpatch_bitsandbytes", "__version__"]
+__all__ = ["Linear4bit", "NF4Weight", "dequantize", "linear", "patch_bitsandbytes", "quantize", "quantize_model",
+           "unpatch_bitsandbytes", "__version__"]

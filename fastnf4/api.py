@@ -6,6 +6,7 @@ import torch
 from . import _ops
 from .codebooks import NESTED_BLOCKSIZE, code_4bit, dynamic_map, kernel_code
 from .format import FLOAT_DTYPES, NF4Weight
+from .ops.matmul import eager as _eager
 
 
 def quantize(
@@ -74,4 +75,7 @@ def linear(x: torch.Tensor, q: NF4Weight, bias: torch.Tensor | None = None) -> t
         raise ValueError(f"linear needs a 2-D weight [out_features, in_features], got shape {tuple(q.shape)}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    y = _eager.try_linear(x, q, bias)  # plain eager CUDA decode calls: a launch prepared once per weight
+    if y is not None:
+        return y
     return _ops.linear(x, *linear_args(q, bias))

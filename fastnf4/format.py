@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import torch
 
 from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, code_4bit
+from .ops.matmul.eager import forget as _forget_launches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TENSOR_FIELDS = ("packed", "absmax", "code", "nested_absmax", "nested_code", "offset")
@@ -75,6 +76,11 @@ class NF4Weight:
     def __post_init__(self) -> None:
         self.shape = torch.Size(self.shape)
         self.validate()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # launches cached for this weight (ops/matmul/eager.py) hold its tensors' addresses and its plan
+        _forget_launches(self)
+        object.__setattr__(self, name, value)
 
     # ----------------------------------------------------------------------------------- properties
     @property

@@ -39,7 +39,7 @@ class Linear4bit(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.compute_dtype or x.dtype
         bias = self.bias.to(dtype) if self.bias is not None and self.bias.dtype != dtype else self.bias
-        return linear(x.to(dtype), self.weight_nf4, bias)
+        return linear(x if x.dtype == dtype else x.to(dtype), self.weight_nf4, bias)
 
     def extra_repr(self) -> str:
         q = self.weight_nf4

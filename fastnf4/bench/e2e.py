@@ -87,12 +87,14 @@ def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool, top: i
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
     pre = torch.arange(prompt, device="cuda")
-    # time to first token: the second of two prefills, each into a new cache (the first pays one-time costs:
+    # time to first token: the median of prefills 2-4, each into a new cache (the first pays one-time costs:
     # kernel compilation, lazy module loading, allocator growth; a static cache tracks how much it holds, so
-    # the same one is not refilled)
-    for _ in range(2):
+    # the same one is not refilled). One sample was too noisy: host-bound at batch 1, it moved by 10-15%.
+    ttfts = []
+    for _ in range(4):
         cache = _cache(model, batch, prompt + 2 * steps + 16)
-        ttft = _elapsed(lambda: model(input_ids=ids, past_key_values=cache, cache_position=pre, use_cache=True), 1)[0]
+        ttfts += _elapsed(lambda: model(input_ids=ids, past_key_values=cache, cache_position=pre, use_cache=True), 1)
+    ttft = statistics.median(ttfts[1:])
     tok = torch.randint(0, vocab, (batch, 1), device="cuda")
     pos = torch.tensor([prompt], device="cuda")
 
@@ -101,7 +103,7 @@ def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool, top: i
         tok.copy_(logits[:, -1:].argmax(-1))
         pos.add_(1)
 
-    for _ in range(2):
+    for _ in range(8):  # eager steps were seen to speed up over the first few (allocator, Python caches)
         step()
     if graph:
         s = torch.cuda.Stream()
@@ -116,7 +118,8 @@ def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool, top: i
     else:
         fn = step
     times = _elapsed(fn, steps)
-    out = {"ttft_us": ttft, "step_us": statistics.median(times), "tok_per_s": batch * 1e6 / statistics.median(times)}
+    out = {"ttft_us": ttft, "ttft_range_us": [min(ttfts[1:]), max(ttfts[1:])], "step_us": statistics.median(times),
+           "step_range_us": [min(times), max(times)], "tok_per_s": batch * 1e6 / statistics.median(times)}
     if graph and top >= 0:
         # the kernel-time split of graph replays (eager steps run the same kernels); after the timing, so the
         # profiler never overlaps a timed step. A profiler session was seen to slow later eager fastnf4 steps

@@ -16,6 +16,7 @@ the rounding is done with integer arithmetic instead; on GPUs the hardware conve
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -73,26 +74,78 @@ TILE_BYTES = 2048
 NUM_WARPS = 4
 
 
+class Prepared:
+    """Launches of ``dequantize_4bit_kernel`` for one weight: grid and arguments worked out once (``launch`` makes
+    one per call; ``ops/matmul/eager.py`` keeps one per weight for eager prefill calls).
+
+    ``fast=True`` launches through the compiled kernel's own runner after the first call, skipping the ~30 us of
+    ``JITFunction.run`` (argument binding, specialization key, cache lookup) that a fixed weight never needs: the
+    same compiled kernel is valid for every call because every argument but ``out`` is the same and ``out`` is a
+    fresh, aligned allocation. The runner's argument convention is Triton-internal, so the first fast launch in a
+    process is checked bitwise against a normal launch (``_runner_ok``) and the runner is used only if they agree.
+    """
+
+    def __init__(self, packed_u8, absmax, code, blocksize, numel, nested_code=None, nested_absmax=None, offset=None,
+                 nested_blocksize=256, tile_bytes: int | None = None, num_warps: int | None = None,
+                 manual_bf16: bool = False, fast: bool = False):
+        n_bytes = (numel + 1) // 2
+        nested = nested_code is not None
+        tile = tile_bytes or TILE_BYTES
+        cols = min(blocksize // 2, tile, 128)
+        rows = max(tile // cols, 1)
+        self.numel = numel
+        self.grid = (triton.cdiv(n_bytes, rows * cols),)
+        self.args = [packed_u8, absmax, code, None,
+                     nested_code if nested else code, nested_absmax if nested else absmax, offset if nested else code,
+                     n_bytes, numel, absmax.numel()]
+        self.constexprs = dict(BLOCKSIZE=blocksize, NESTED=nested, NESTED_BLOCKSIZE=nested_blocksize, ROWS=rows,
+                               COLS=cols, INT64=(self.grid[0] * rows * cols * 2 >= 2**31), MANUAL_BF16=manual_bf16)
+        self.num_warps = num_warps or NUM_WARPS
+        self.fast = fast
+        self.runner = None
+
+    def __call__(self, out):
+        """Fill the flat ``out`` (``numel`` elements) on the current stream. Arguments are pre-validated."""
+        if self.numel == 0:
+            return out
+        args = list(self.args)
+        args[3] = out
+        if self.runner is not None:
+            self.runner(*args, *self.constexprs.values(), stream=torch._C._cuda_getCurrentRawStream(out.get_device()))
+            return out
+        compiled = dequantize_4bit_kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps,
+                                                     enable_fp_fusion=False)
+        if self.fast and _runner_ok(self, compiled, out):
+            self.runner = compiled[(self.grid[0], 1, 1)]  # the runner indexes all three grid dimensions
+        return out
+
+
+_RUNNER_CHECKED: list = []  # [bool] once the first fast launch of this process was compared
+
+
+def _runner_ok(prep: Prepared, compiled, out) -> bool:
+    if not _RUNNER_CHECKED:
+        ok = False
+        try:
+            if torch.cuda.is_current_stream_capturing():
+                return False  # checked later, outside a capture
+            other = torch.empty_like(out).fill_(float("nan"))
+            args = list(prep.args)
+            args[3] = other
+            compiled[(prep.grid[0], 1, 1)](*args, *prep.constexprs.values(),
+                                stream=torch._C._cuda_getCurrentRawStream(out.get_device()))
+            ok = bool(torch.equal(other, out))
+        except Exception:  # another Triton's runner convention: keep the normal launch
+            ok = False
+        _RUNNER_CHECKED.append(ok)
+    return _RUNNER_CHECKED[0]
+
+
 def launch(
     packed_u8, absmax, code, out, blocksize, numel,
     nested_code=None, nested_absmax=None, offset=None, nested_blocksize=256,
     tile_bytes: int | None = None, num_warps: int | None = None, manual_bf16: bool = False,
 ):
     """Fill the flat ``out`` (``numel`` elements) on the current stream. Arguments are pre-validated."""
-    n_bytes = (numel + 1) // 2
-    if numel == 0:
-        return out
-    nested = nested_code is not None
-    tile = tile_bytes or TILE_BYTES
-    cols = min(blocksize // 2, tile, 128)
-    rows = max(tile // cols, 1)
-    grid = (triton.cdiv(n_bytes, rows * cols),)
-    dequantize_4bit_kernel[grid](
-        packed_u8, absmax, code, out,
-        nested_code if nested else code, nested_absmax if nested else absmax, offset if nested else code,
-        n_bytes, numel, absmax.numel(),
-        BLOCKSIZE=blocksize, NESTED=nested, NESTED_BLOCKSIZE=nested_blocksize,
-        ROWS=rows, COLS=cols, INT64=(grid[0] * rows * cols * 2 >= 2**31), MANUAL_BF16=manual_bf16,
-        num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False,
-    )
-    return out
+    return Prepared(packed_u8, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize,
+                    tile_bytes, num_warps, manual_bf16)(out)

@@ -1,0 +1,118 @@
+"""Host fast path of ``fastnf4.linear`` for plain eager calls.
+
+An eager decode step is bound by host time: transformers' Python runs ahead of a GPU that finishes each
+7-linear layer in well under a millisecond. The full path of one call (argument checks of the op contract, the
+dispatch over M, the kernel plan, the launch arguments) cost ~70 us of host time on the H200's host
+(benchmarks/probe_host.py), against ~15 us for bf16 ``F.linear``. None of that depends on x beyond its
+dtype, M and device, so it is done once per weight and (dtype, M, device, bias) and kept beside the
+:class:`~fastnf4.format.NF4Weight` as a prepared launch (``gemv_mma.Prepared``, ``_DequantMatmul``); later
+calls check only x and launch.
+
+Taken only where ``_ops.linear`` would run its implementation directly anyway (a plain CUDA tensor, no
+compile/trace, no autograd, no dispatch or function mode), for the CUDA decode/GEMM kernels (M <= 32) and for
+dequantize + cuBLAS above that (prefill: ~150 us of host time per call before, against ~115 us for
+bitsandbytes); every other call returns ``None`` and takes the full path. Entries are dropped when a field
+of the weight is reassigned (``NF4Weight.__setattr__`` calls :func:`forget`) and rebuilt when the bias object or a tensor's
+storage changed (``.data`` swaps).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+# NF4Weight -> {(dtype, M, device index): (addresses, bias, Prepared | None)}. Kept beside the weights, not in
+# them, so that copying, deep-copying or pickling an NF4Weight never meets a ctypes object.
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_MAX_PLANS = 64  # per weight: bounds odd uses (many dtypes / devices)
+MAX_M = 32  # dispatch.MMA_MAX_M (not imported here: that would import Triton with fastnf4); a test ties the two.
+# Above it every call takes dequantize + cuBLAS, so one entry (M key 0) serves all prefill lengths.
+
+
+def forget(q) -> None:
+    """Drop the cached launches of ``q`` (called when a field of ``q`` is reassigned)."""
+    _PLANS.pop(q, None)
+
+
+def _addresses(q) -> tuple:
+    """The storage the kernels read, which must not have moved since an entry was built (``.data`` swaps)."""
+    return (q.packed.data_ptr(), q.absmax.data_ptr(),
+            q.nested_absmax.data_ptr() if q.nested_absmax is not None else 0)
+
+
+def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``x @ dequant(q).T + bias`` through a cached launch, or ``None`` when this call needs the full path."""
+    if (torch.compiler.is_compiling() or type(x) is not torch.Tensor or not x.is_cuda or torch.jit.is_tracing()
+            or (x.requires_grad and torch.is_grad_enabled()) or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()):
+        return None
+    if bias is not None and type(bias) is not torch.Tensor and type(bias) is not torch.nn.Parameter:
+        return None
+    shape = q.shape
+    if len(shape) != 2 or x.dim() < 1 or not x.is_contiguous():
+        return None
+    n, k = shape
+    if x.shape[-1] != k or k == 0 or n == 0:
+        return None
+    if x.data_ptr() % 16:
+        return None
+    m = x.numel() // k
+    key = (x.dtype, m if m <= MAX_M else 0, x.get_device())  # every M > 32 takes dequantize + cuBLAS
+    plans = _PLANS.get(q)
+    entry = plans.get(key) if plans is not None else None
+    if entry is None or entry[1] is not bias or entry[0] != _addresses(q):
+        entry = _build(x.view(m, k), q, bias, key)
+        if entry is None:
+            return None
+    prepared = entry[2]
+    if prepared is None:
+        return None
+    y = prepared(x)  # [M, N] from the CUDA kernels, x's leading shape from dequantize + cuBLAS
+    return y if y.dim() == x.dim() else y.view(*x.shape[:-1], n)
+
+
+def _build(x2d: torch.Tensor, q, bias, key):
+    """Check the call as the op contract does, pick the path as the dispatcher does, and keep the result
+    (a ``Prepared`` launch, or ``None`` = take the full path) for this weight and key."""
+    from ... import _ops
+    from ...api import linear_args
+    from . import dispatch, gemv_mma
+
+    if torch.cuda.is_current_stream_capturing():
+        return None  # nothing is built inside a capture (the split-K counters would be missing); full path
+    args = linear_args(q, bias)
+    _ops.check_linear_args(x2d, *args)  # raises on bad input exactly as the full path would
+    packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, _ = args
+    m = x2d.shape[0]
+    path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize) if m else None
+    prepared = None
+    if path == "mma":
+        prepared = gemv_mma.Prepared(x2d, *args)
+    elif path == "dequant+matmul" and m > MAX_M:
+        prepared = _DequantMatmul(x2d.dtype, *args)
+    plans = _PLANS.setdefault(q, {})
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+    entry = (_addresses(q), bias, prepared)
+    plans[key] = entry
+    return entry
+
+
+class _DequantMatmul:
+    """Prefill (M > 32): fastnf4 dequantize into a fresh buffer, then cuBLAS, with the dequantize launch
+    prepared once (``dequantize.kernel.Prepared`` with the compiled kernel's own runner)."""
+
+    __slots__ = ("dq", "n", "k", "dtype", "bias")
+
+    def __init__(self, dtype, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
+                 nested_blocksize, bias):
+        from ..dequantize import kernel as dq_kernel
+
+        self.dq = dq_kernel.Prepared(packed, absmax, code, blocksize, n * k, nested_code, nested_absmax, offset,
+                                     nested_blocksize, fast=True)
+        self.n, self.k, self.dtype, self.bias = n, k, dtype, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        wd = torch.empty(self.n, self.k, dtype=self.dtype, device=x.device)
+        self.dq(wd)
+        return torch.nn.functional.linear(x, wd, self.bias)

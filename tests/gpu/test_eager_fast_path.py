@@ -1,0 +1,128 @@
+"""The eager host fast path of ``fastnf4.linear`` (ops/matmul/eager.py) on the GPU.
+
+The oracle is the full path through the registered op ``torch.ops.fastnf4.linear`` (checks, dispatch, plan,
+launch worked out on every call): the fast path must give bitwise the same output, on fresh data, with the
+output poisoned first where the API allows it, and must notice every change that makes a cached launch stale.
+"""
+import pytest
+import torch
+
+import fastnf4
+from fastnf4.api import linear_args
+from fastnf4.ops.matmul import eager, gemv_mma
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _needs_build():
+    x = torch.zeros(1, 32, device="cuda", dtype=torch.bfloat16)
+    if not gemv_mma.supports(x, torch.zeros(16, dtype=torch.uint8, device="cuda"), 64, 1, 32):
+        pytest.skip("gemv_mma not built here (no nvcc or FASTNF4_CUDA=0)")
+
+
+def _full(x, q, bias=None):
+    return torch.ops.fastnf4.linear(x, *linear_args(q, bias))
+
+
+def _prepared(q):
+    return [e[2] for e in eager._PLANS.get(q, {}).values() if e[2] is not None]
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bitwise_equal_to_full_path(nested, dtype):
+    torch.manual_seed(1)
+    n, k = 4096, 2112
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, double_quant=nested)
+    bias = torch.randn(n, device="cuda", dtype=dtype)
+    for m in (1, 2, 3, 8, 13, 16, 32, 33, 160):
+        for b in (None, bias):
+            for lead in ((m,), (1, m)):
+                x = torch.randn(*lead, k, device="cuda", dtype=dtype)
+                y = fastnf4.linear(x, q, b)
+                assert y.shape == (*lead, n)
+                assert torch.equal(y, _full(x, q, b)), (m, b is not None, lead)
+    assert _prepared(q), "the fast path was never taken"
+
+
+def test_one_entry_per_decode_size_and_one_for_prefill():
+    q = fastnf4.quantize(torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16))
+    for m in (1, 1, 8, 64, 100, 2048):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(fastnf4.linear(x, q), _full(x, q))
+    kinds = sorted(type(p).__name__ for p in _prepared(q))
+    assert kinds == ["Prepared", "Prepared", "_DequantMatmul"], kinds
+    # the prefill entry launches through the compiled kernel's runner once it was checked against a normal launch
+    from fastnf4.ops.dequantize import kernel as dq_kernel
+    assert dq_kernel._RUNNER_CHECKED == [True]
+    assert [p for p in _prepared(q) if type(p).__name__ == "_DequantMatmul"][0].dq.runner is not None
+
+
+def test_stale_launches_are_never_used():
+    torch.manual_seed(2)
+    n, k = 2048, 1024
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    q = fastnf4.quantize(w, double_quant=False)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    y0 = fastnf4.linear(x, q)
+    # a reassigned field: the absmax doubled gives exactly twice the output
+    q.absmax = q.absmax * 2
+    assert not _prepared(q)
+    y1 = fastnf4.linear(x, q)
+    assert torch.equal(y1, _full(x, q)) and not torch.equal(y1, y0)
+    # a storage swap behind the same tensor objects (.data): the launch is rebuilt
+    other = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, double_quant=False)
+    fastnf4.linear(x, q)
+    q.packed.data = other.packed.data
+    q.absmax.data = other.absmax.data
+    y2 = fastnf4.linear(x, q)
+    assert torch.equal(y2, _full(x, other)) and torch.equal(y2, _full(x, q))
+    # a new bias object
+    b1, b2 = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(fastnf4.linear(x, q, b1), _full(x, q, b1))
+    assert torch.equal(fastnf4.linear(x, q, b2), _full(x, q, b2))
+    assert torch.equal(fastnf4.linear(x, q), _full(x, q))
+
+
+def test_unaligned_or_strided_x_and_bad_input():
+    torch.manual_seed(3)
+    n, k = 2048, 1024
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
+    buf = torch.randn(k + 1, device="cuda", dtype=torch.bfloat16)
+    x = buf[1:].view(1, k)  # 2 bytes off 16-byte alignment: the full path (which does not take the CUDA kernel)
+    assert torch.equal(fastnf4.linear(x, q), _full(x, q))
+    assert not _prepared(q)
+    xt = torch.randn(k, 2, device="cuda", dtype=torch.bfloat16).T  # not contiguous
+    assert torch.equal(fastnf4.linear(xt, q), _full(xt, q))
+    fastnf4.linear(torch.randn(1, k, device="cuda", dtype=torch.bfloat16), q)
+    with pytest.raises(ValueError, match="K=1024"):
+        fastnf4.linear(torch.randn(1, k - 32, device="cuda", dtype=torch.bfloat16), q)
+    with pytest.raises(TypeError, match="bias dtype"):
+        fastnf4.linear(torch.randn(1, k, device="cuda", dtype=torch.bfloat16), q,
+                       torch.randn(n, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        fastnf4.linear(torch.randn(1, k, device="cuda", dtype=torch.bfloat16), q,
+                       torch.randn(n + 1, device="cuda", dtype=torch.bfloat16))
+
+
+def test_graph_capture_replays_the_fast_path():
+    torch.manual_seed(4)
+    n, k = 8192, 4096
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    fastnf4.linear(x, q)  # prepared outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fastnf4.linear(x, q)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fastnf4.linear(x, q)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, _full(x, q))
