@@ -13,6 +13,7 @@ import torch
 
 from .api import linear, quantize
 from .format import NF4Weight
+from .ops.matmul.eager import try_linear
 
 
 class Linear4bit(torch.nn.Module):
@@ -39,7 +40,10 @@ class Linear4bit(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.compute_dtype or x.dtype
         bias = self.bias.to(dtype) if self.bias is not None and self.bias.dtype != dtype else self.bias
-        return linear(x if x.dtype == dtype else x.to(dtype), self.weight_nf4, bias)
+        if x.dtype != dtype:
+            x = x.to(dtype)
+        y = try_linear(x, self.weight_nf4, bias)  # eager decode/prefill: the launch prepared for this layer
+        return y if y is not None else linear(x, self.weight_nf4, bias)
 
     def extra_repr(self) -> str:
         q = self.weight_nf4
