@@ -142,7 +142,57 @@ def _decode_kernel_ok(A, B, k, blocksize) -> bool:
     return gemv_mma.supports(x2d, _as_bytes(B), blocksize, A.numel() // k, k)
 
 
+# Decode-size launches already worked out, keyed by everything they depend on (addresses, shapes, dtypes, M,
+# device): a ``gemv_mma.Prepared`` holds only those addresses and the plan, so it is a pure function of its key
+# and a hit needs no other check. Cuts the host cost of a patched eager decode call (checks, dispatch, plan)
+# as ``ops/matmul/eager.py`` does for fastnf4's own layers.
+_PREPARED: dict = {}
+_MAX_PREPARED = 4096
+
+
+def _decode_key(A, B, shapeB, blocksize, quant_type, tensors, bias):
+    """The key of a decode-size call (M <= 32, x contiguous and 16-byte aligned on a GPU), else None."""
+    if not A.is_cuda or A.dim() == 0 or len(shapeB) != 2 or not A.is_contiguous() or A.data_ptr() % 16:
+        return None
+    n, k = shapeB
+    if k <= 0 or A.shape[-1] != k:
+        return None
+    m = A.numel() // k
+    if m == 0 or m > 32:
+        return None
+    return (A.dtype, m, A.get_device(), B.data_ptr(), B.is_contiguous(), B.numel() * B.element_size(), n, k,
+            blocksize, quant_type, bias.data_ptr() if bias is not None else 0, None if bias is None else bias.dtype,
+            *[(t.data_ptr(), t.dtype, t.numel(), t.is_contiguous()) if t is not None else None for t in tensors])
+
+
+def _run_decode(name, key, A, n, linear_args):
+    """Launch the prepared kernel of ``key``, preparing it first if this call takes the CUDA kernel; None when it
+    does not (the caller goes on with the full path)."""
+    prep = _PREPARED.get(key)
+    if prep is None:
+        from fastnf4 import _ops
+        from fastnf4.ops.matmul import dispatch, gemv_mma
+
+        if torch.cuda.is_current_stream_capturing():
+            return None  # prepared outside captures only (the split-K counters are allocated there)
+        x2d = A.view(-1, A.shape[-1])
+        _ops.check_linear_args(x2d, *linear_args)
+        packed, _, _, blocksize, _, k, nested_code, _, _, nested_blocksize, _ = linear_args
+        if dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize) != "mma":
+            return None
+        prep = gemv_mma.Prepared(x2d, *linear_args)
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = prep
+    CALLS[name] += 1
+    y = prep(A)
+    return y if A.dim() == 2 else y.view(*A.shape[:-1], n)
+
+
 def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
+    key = _decode_key(A, B, shapeB, blocksize, "gemv", (absmax, code), None)
+    if key is not None and key in _PREPARED:
+        return _run_decode("gemv_4bit", key, A, shapeB[0], None)
     args = (A, B, shapeB, absmax, code, blocksize)
     covered = (
         len(shapeB) == 2 and A.dim() > 0 and A.shape[-1] == shapeB[1] and A.dtype in (torch.float16, torch.bfloat16)
@@ -154,27 +204,36 @@ def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
         return _fallback("gemv_4bit", keyset, *args)
     from fastnf4 import _ops
 
-    CALLS["gemv_4bit"] += 1
     n, k = shapeB
-    return _ops.linear(A, _as_bytes(B), absmax, code.contiguous(), blocksize, n, k, None, None, None, 256, None)
+    largs = (_as_bytes(B), absmax, code.contiguous(), blocksize, n, k, None, None, None, 256, None)
+    y = _run_decode("gemv_4bit", key, A, n, largs) if key is not None and code.is_contiguous() else None
+    if y is not None:
+        return y
+    CALLS["gemv_4bit"] += 1
+    return _ops.linear(A, *largs)
 
 
 def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
                absmax_offset=None):
+    key = _decode_key(A, B, shapeB, blocksize, quant_type, (absmax, absmax_8bit, absmax_code, absmax_offset), bias)
+    if key is not None and key in _PREPARED:
+        return _run_decode("gemm_4bit", key, A, shapeB[0], None)
     args = (A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
     if not _gemm_covered(*args):
         return _fallback("gemm_4bit", keyset, *args)
     from fastnf4 import _ops
     from fastnf4.codebooks import kernel_code
 
-    CALLS["gemm_4bit"] += 1
     n, k = shapeB
     nested = absmax_8bit is not None
-    return _ops.linear(
-        A, _as_bytes(B), absmax_8bit if nested else absmax, kernel_code(quant_type, A.device), blocksize, n, k,
-        absmax_code if nested else None, absmax if nested else None,
-        absmax_offset.reshape(()) if nested else None, 256, bias,
-    )
+    largs = (_as_bytes(B), absmax_8bit if nested else absmax, kernel_code(quant_type, A.device), blocksize, n, k,
+             absmax_code if nested else None, absmax if nested else None,
+             absmax_offset.reshape(()) if nested else None, 256, bias)
+    y = _run_decode("gemm_4bit", key, A, n, largs) if key is not None else None
+    if y is not None:
+        return y
+    CALLS["gemm_4bit"] += 1
+    return _ops.linear(A, *largs)
 
 
 _IMPLS = {

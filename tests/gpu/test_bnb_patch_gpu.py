@@ -74,3 +74,51 @@ def test_decode_sizes_take_the_decode_kernel(m, nested):
         return ((y.double() - ref).norm() / ref.norm()).item()
 
     assert rel(y1) <= 2 * rel(y0) + 1e-6 and rel(y2) <= 2 * rel(y0) + 1e-6, (rel(y0), rel(y1), rel(y2))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_prepared_decode_launches_match_and_follow_the_tensors(nested):
+    """Patched decode calls reuse a launch prepared for the exact addresses and shapes of the call: outputs are
+    bitwise those of the full path (fastnf4's op on the same tensors), also after the weight's storage is
+    replaced in place or a bias appears."""
+    import bitsandbytes.functional as F
+
+    from fastnf4.api import linear_args
+    from fastnf4.ops.matmul import gemv_mma
+
+    torch.manual_seed(7)
+    n, k = 4096, 2048
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    if not gemv_mma.supports(x, torch.zeros(16, dtype=torch.uint8, device="cuda"), 64, n, k, nested):
+        pytest.skip("CUDA decode kernel not built here")
+
+    def quant():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+        return F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=nested)
+
+    def full(x, p, qs, bias=None):  # the full path on the same tensors
+        return torch.ops.fastnf4.linear(x, *linear_args(fastnf4.NF4Weight.from_bnb(p, qs), bias))
+
+    import bitsandbytes as bnb
+
+    p, qs = quant()
+    fastnf4.patch_bitsandbytes(("cuda",))
+    integ.CALLS.clear()
+    try:
+        for m in (1, 2, 1):
+            xm = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+            assert torch.equal(bnb.matmul_4bit(xm, p.t(), quant_state=qs), full(xm, p, qs))
+        p2, qs2 = quant()  # same shapes, new values written into the same storage
+        p.copy_(p2)
+        qs.absmax.copy_(qs2.absmax)
+        if nested:
+            qs.state2.absmax.copy_(qs2.state2.absmax)
+            qs.offset = qs2.offset
+        assert torch.equal(bnb.matmul_4bit(x, p.t(), quant_state=qs), full(x, p, qs))
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(bnb.matmul_4bit(x, p.t(), quant_state=qs, bias=bias), full(x, p, qs, bias))
+        calls = dict(integ.CALLS)
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+    assert calls.get("gemm_4bit") == 5, calls
+    assert integ._PREPARED, "no prepared launch was kept"
