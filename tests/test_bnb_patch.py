@@ -86,10 +86,15 @@ def test_unpatch_restores_bitsandbytes(rng):
     assert sum(integ.CALLS.values()) == 0 and not integ.is_patched()
 
 
-def test_autopatch_is_opt_in(monkeypatch):
-    monkeypatch.delenv("FASTNF4_PATCH_BITSANDBYTES", raising=False)
-    integ.autopatch()
-    assert not integ.is_patched()
+def test_autopatch_is_on_unless_switched_off(monkeypatch):
+    fastnf4.unpatch_bitsandbytes()
     monkeypatch.setenv("FASTNF4_PATCH_BITSANDBYTES", "0")
     integ.autopatch()
+    assert not integ.is_patched()
+    monkeypatch.delenv("FASTNF4_PATCH_BITSANDBYTES", raising=False)
+    try:
+        integ.autopatch()
+        assert integ.is_patched() and integ._state["devices"] == ("cuda",)
+    finally:
+        fastnf4.unpatch_bitsandbytes()
     assert not integ.is_patched()

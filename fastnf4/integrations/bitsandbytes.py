@@ -18,10 +18,15 @@ Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
 
 When fastnf4 and bitsandbytes are installed together, bitsandbytes loads the entry point
 ``bitsandbytes.backends: fastnf4`` after registering its own ops, which calls :func:`autopatch` (CUDA only).
-The automatic patch is opt-in for now (``FASTNF4_PATCH_BITSANDBYTES=1``): measured on the H200
-(benchmarks/results/h200-paper.md), eager ``generate()`` of a 64-layer Qwen3-32B got 1.5x slower in wall time
-with the patch although its GPU kernel time fell by up to 32%, because every patched call runs through Python
-(this registration, the custom op, the Triton launcher) where bitsandbytes' path is mostly C++.
+The automatic patch is on unless ``FASTNF4_PATCH_BITSANDBYTES=0``. It was opt-in while every patched call paid
+the full Python path (eager ``generate()`` of a 64-layer Qwen3-32B got 1.5x slower, benchmarks/results/
+h200-paper.md); patched calls now reuse prepared launches (``_PREPARED``), and on the H200 (a 16-layer Qwen3-32B
+bitsandbytes model, batch 1, ``benchmarks/probe_patch.py``) the patched model decodes 1.18x faster with CUDA
+graphs, prefills 0.96x or less of the time, and decodes eager within 8% of unpatched bitsandbytes (each patched
+call still crosses the dispatcher into Python at the Autograd key: ~42 us of host time against ~36 us).
+
+The patch sits at the ``Autograd<Device>`` keys, which ``torch.inference_mode()`` skips: under inference mode
+bitsandbytes' own kernels run (correct, not faster). transformers' ``generate()`` uses ``torch.no_grad()``.
 """
 from __future__ import annotations
 
@@ -142,57 +147,81 @@ def _decode_kernel_ok(A, B, k, blocksize) -> bool:
     return gemv_mma.supports(x2d, _as_bytes(B), blocksize, A.numel() // k, k)
 
 
-# Decode-size launches already worked out, keyed by everything they depend on (addresses, shapes, dtypes, M,
-# device): a ``gemv_mma.Prepared`` holds only those addresses and the plan, so it is a pure function of its key
-# and a hit needs no other check. Cuts the host cost of a patched eager decode call (checks, dispatch, plan)
-# as ``ops/matmul/eager.py`` does for fastnf4's own layers.
+# Launches already worked out, keyed by everything they depend on (addresses, shapes, dtypes, M up to 32 or
+# "larger", device): ``gemv_mma.Prepared`` and a runner-mode dequantize ``Prepared`` hold only those addresses and
+# the plan, so an entry is a pure function of its key and a hit needs no other check. Cuts the host cost of a
+# patched eager call (checks, dispatch, plan, Triton's launcher) as ``ops/matmul/eager.py`` does for fastnf4's
+# own layers.
 _PREPARED: dict = {}
 _MAX_PREPARED = 4096
 
 
 def _decode_key(A, B, shapeB, blocksize, quant_type, tensors, bias):
-    """The key of a decode-size call (M <= 32, x contiguous and 16-byte aligned on a GPU), else None."""
+    """The key of a call with x contiguous and 16-byte aligned on a GPU (M <= 32 each M apart, larger M as one),
+    else None."""
     if not A.is_cuda or A.dim() == 0 or len(shapeB) != 2 or not A.is_contiguous() or A.data_ptr() % 16:
         return None
     n, k = shapeB
     if k <= 0 or A.shape[-1] != k:
         return None
     m = A.numel() // k
-    if m == 0 or m > 32:
+    if m == 0:
         return None
-    return (A.dtype, m, A.get_device(), B.data_ptr(), B.is_contiguous(), B.numel() * B.element_size(), n, k,
+    return (A.dtype, m if m <= 32 else 0, A.get_device(), B.data_ptr(), B.is_contiguous(), B.numel() * B.element_size(), n, k,
             blocksize, quant_type, bias.data_ptr() if bias is not None else 0, None if bias is None else bias.dtype,
             *[(t.data_ptr(), t.dtype, t.numel(), t.is_contiguous()) if t is not None else None for t in tensors])
 
 
-def _run_decode(name, key, A, n, linear_args):
-    """Launch the prepared kernel of ``key``, preparing it first if this call takes the CUDA kernel; None when it
-    does not (the caller goes on with the full path)."""
-    prep = _PREPARED.get(key)
-    if prep is None:
+def _run_prepared(name, key, A, n, bias, linear_args):
+    """Launch the prepared kernels of ``key``, preparing them first (``linear_args`` given) if this call takes a
+    fastnf4 kernel: ``gemv_mma.Prepared`` at M <= 32, a prepared dequantize + cuBLAS above. None when the call is
+    not one of those (the caller goes on with the full path)."""
+    entry = _PREPARED.get(key)
+    if entry is None:
         from fastnf4 import _ops
+        from fastnf4.ops.dequantize import kernel as dq_kernel
         from fastnf4.ops.matmul import dispatch, gemv_mma
 
-        if torch.cuda.is_current_stream_capturing():
+        if linear_args is None or torch.cuda.is_current_stream_capturing():
             return None  # prepared outside captures only (the split-K counters are allocated there)
         x2d = A.view(-1, A.shape[-1])
         _ops.check_linear_args(x2d, *linear_args)
-        packed, _, _, blocksize, _, k, nested_code, _, _, nested_blocksize, _ = linear_args
-        if dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize) != "mma":
+        packed, absmax, code, blocksize, _, k, nested_code, nested_absmax, offset, nested_blocksize, _ = linear_args
+        path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize)
+        if path == "mma":
+            entry = ("mma", gemv_mma.Prepared(x2d, *linear_args))
+        elif path == "dequant+matmul" and key[1] == 0:
+            # prefill: the dequantize launch prepared once; kept only once it holds addresses alone (its runner
+            # passed the check), so that the cache never keeps a freed weight alive
+            dq = dq_kernel.Prepared(packed, absmax, code, blocksize, n * k, nested_code, nested_absmax, offset,
+                                    nested_blocksize, fast=True)
+            CALLS[name] += 1
+            wd = dq(torch.empty(n, k, dtype=A.dtype, device=A.device))
+            if dq.runner is not None:
+                _remember(key, ("dq", dq))
+            return torch.nn.functional.linear(A, wd, bias)
+        else:
             return None
-        prep = gemv_mma.Prepared(x2d, *linear_args)
-        if len(_PREPARED) >= _MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[key] = prep
+        _remember(key, entry)
     CALLS[name] += 1
-    y = prep(A)
-    return y if A.dim() == 2 else y.view(*A.shape[:-1], n)
+    kind, prep = entry
+    if kind == "mma":
+        y = prep(A)
+        return y if A.dim() == 2 else y.view(*A.shape[:-1], n)
+    wd = prep(torch.empty(n, A.shape[-1], dtype=A.dtype, device=A.device))
+    return torch.nn.functional.linear(A, wd, bias)
+
+
+def _remember(key, entry) -> None:
+    if len(_PREPARED) >= _MAX_PREPARED:
+        _PREPARED.clear()
+    _PREPARED[key] = entry
 
 
 def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
     key = _decode_key(A, B, shapeB, blocksize, "gemv", (absmax, code), None)
     if key is not None and key in _PREPARED:
-        return _run_decode("gemv_4bit", key, A, shapeB[0], None)
+        return _run_prepared("gemv_4bit", key, A, shapeB[0], None, None)
     args = (A, B, shapeB, absmax, code, blocksize)
     covered = (
         len(shapeB) == 2 and A.dim() > 0 and A.shape[-1] == shapeB[1] and A.dtype in (torch.float16, torch.bfloat16)
@@ -206,7 +235,7 @@ def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
 
     n, k = shapeB
     largs = (_as_bytes(B), absmax, code.contiguous(), blocksize, n, k, None, None, None, 256, None)
-    y = _run_decode("gemv_4bit", key, A, n, largs) if key is not None and code.is_contiguous() else None
+    y = _run_prepared("gemv_4bit", key, A, n, None, largs) if key is not None and code.is_contiguous() else None
     if y is not None:
         return y
     CALLS["gemv_4bit"] += 1
@@ -217,7 +246,7 @@ def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, a
                absmax_offset=None):
     key = _decode_key(A, B, shapeB, blocksize, quant_type, (absmax, absmax_8bit, absmax_code, absmax_offset), bias)
     if key is not None and key in _PREPARED:
-        return _run_decode("gemm_4bit", key, A, shapeB[0], None)
+        return _run_prepared("gemm_4bit", key, A, shapeB[0], bias, None)
     args = (A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
     if not _gemm_covered(*args):
         return _fallback("gemm_4bit", keyset, *args)
@@ -229,7 +258,7 @@ def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, a
     largs = (_as_bytes(B), absmax_8bit if nested else absmax, kernel_code(quant_type, A.device), blocksize, n, k,
              absmax_code if nested else None, absmax if nested else None,
              absmax_offset.reshape(()) if nested else None, 256, bias)
-    y = _run_decode("gemm_4bit", key, A, n, largs) if key is not None else None
+    y = _run_prepared("gemm_4bit", key, A, n, bias, largs) if key is not None else None
     if y is not None:
         return y
     CALLS["gemm_4bit"] += 1
@@ -285,5 +314,13 @@ def is_patched() -> bool:
 
 def autopatch() -> None:
     """Entry point bitsandbytes calls at import (group ``bitsandbytes.backends``)."""
-    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "0") == "1":
+    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "1") == "0":
+        return
+    try:
         patch_bitsandbytes(("cuda",))
+    except Exception as e:  # never break ``import bitsandbytes``: its own kernels stay in place
+        import warnings
+
+        unpatch_bitsandbytes()
+        warnings.warn(f"fastnf4 could not patch bitsandbytes ({type(e).__name__}: {e}); bitsandbytes' own kernels "
+                      "stay in use", RuntimeWarning, stacklevel=2)

@@ -77,8 +77,8 @@ def test_decode_sizes_take_the_decode_kernel(m, nested):
 
 
 @pytest.mark.parametrize("nested", [False, True])
-def test_prepared_decode_launches_match_and_follow_the_tensors(nested):
-    """Patched decode calls reuse a launch prepared for the exact addresses and shapes of the call: outputs are
+def test_prepared_launches_match_and_follow_the_tensors(nested):
+    """Patched calls reuse a launch prepared for the exact addresses and shapes of the call: outputs are
     bitwise those of the full path (fastnf4's op on the same tensors), also after the weight's storage is
     replaced in place or a bias appears."""
     import bitsandbytes.functional as F
@@ -105,7 +105,7 @@ def test_prepared_decode_launches_match_and_follow_the_tensors(nested):
     fastnf4.patch_bitsandbytes(("cuda",))
     integ.CALLS.clear()
     try:
-        for m in (1, 2, 1):
+        for m in (1, 2, 1, 160, 160, 33):  # decode sizes, then prefill (the prepared dequantize + cuBLAS)
             xm = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
             assert torch.equal(bnb.matmul_4bit(xm, p.t(), quant_state=qs), full(xm, p, qs))
         p2, qs2 = quant()  # same shapes, new values written into the same storage
@@ -120,5 +120,6 @@ def test_prepared_decode_launches_match_and_follow_the_tensors(nested):
         calls = dict(integ.CALLS)
     finally:
         fastnf4.unpatch_bitsandbytes()
-    assert calls.get("gemm_4bit") == 5, calls
-    assert integ._PREPARED, "no prepared launch was kept"
+    assert calls.get("gemm_4bit") == 8, calls
+    kinds = {kind for kind, _ in integ._PREPARED.values()}
+    assert kinds == {"mma", "dq"}, kinds

@@ -82,7 +82,8 @@ class Prepared:
     ``JITFunction.run`` (argument binding, specialization key, cache lookup) that a fixed weight never needs: the
     same compiled kernel is valid for every call because every argument but ``out`` is the same and ``out`` is a
     fresh, aligned allocation. The runner's argument convention is Triton-internal, so the first fast launch in a
-    process is checked bitwise against a normal launch (``_runner_ok``) and the runner is used only if they agree.
+    process (weight pointers passed as ints, as later launches do) is checked bitwise against a normal launch
+    (``_runner_ok``) and the runner is used only if they agree.
     """
 
     def __init__(self, packed_u8, absmax, code, blocksize, numel, nested_code=None, nested_absmax=None, offset=None,
@@ -117,6 +118,9 @@ class Prepared:
                                                      enable_fp_fusion=False)
         if self.fast and _runner_ok(self, compiled, out):
             self.runner = compiled[(self.grid[0], 1, 1)]  # the runner indexes all three grid dimensions
+            # from now on only addresses: the launcher takes ints for pointers, and a Prepared kept in a cache
+            # must not keep the weight's tensors alive
+            self.args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.args]
         return out
 
 
@@ -130,7 +134,7 @@ def _runner_ok(prep: Prepared, compiled, out) -> bool:
             if torch.cuda.is_current_stream_capturing():
                 return False  # checked later, outside a capture
             other = torch.empty_like(out).fill_(float("nan"))
-            args = list(prep.args)
+            args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in prep.args]
             args[3] = other
             compiled[(prep.grid[0], 1, 1)](*args, *prep.constexprs.values(),
                                 stream=torch._C._cuda_getCurrentRawStream(out.get_device()))
