@@ -10,7 +10,6 @@ import cProfile
 import json
 import pstats
 import sys
-import time
 
 import torch
 
@@ -18,18 +17,7 @@ import fastnf4
 from fastnf4 import _ops
 from fastnf4.api import linear_args
 from fastnf4.bench import e2e
-
-
-def per_call(fn, n=3000):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+from fastnf4.bench.harness import host_us_per_call
 
 
 def host_costs() -> dict:
@@ -52,7 +40,7 @@ def host_costs() -> dict:
                          ("fastnf4 full op path", lambda: _ops.linear(x, *args)),
                          ("bitsandbytes Linear4bit", lambda: b4(x)),
                          ("bf16 nn.Linear", lambda: lin(x))]:
-            out[name] = per_call(fn)
+            out[name] = host_us_per_call(fn, 3000, 100)[0]
             print(f"{name:36s} host {out[name]:6.1f} us/call", flush=True)
         pr = cProfile.Profile()
         pr.enable()

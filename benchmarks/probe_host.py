@@ -2,11 +2,11 @@
 fastnf4.linear, the decode kernel's launcher alone and bf16 F.linear; then a cProfile of fastnf4.linear."""
 import cProfile
 import pstats
-import time
 
 import torch
 
 import fastnf4
+from fastnf4.bench.harness import host_us_per_call
 from fastnf4.api import linear_args
 from fastnf4.ops.matmul import gemv_mma
 
@@ -16,23 +16,11 @@ x = torch.randn(1, 5120, device="cuda", dtype=torch.bfloat16)
 a = linear_args(q, None)
 
 
-def per_call(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
-
-
 with torch.inference_mode():
     for name, fn in [("fastnf4.linear", lambda: fastnf4.linear(x, q)), ("gemv_mma.launch", lambda: gemv_mma.launch(x, *a)),
                      ("torch.ops.fastnf4.linear", lambda: torch.ops.fastnf4.linear(x, *a)),
                      ("F.linear bf16", lambda: torch.nn.functional.linear(x, w))]:
-        host, total = per_call(fn)
+        host, total = host_us_per_call(fn)
         print(f"{name:26s} host {host:7.1f} us/call, with GPU {total:7.1f} us/call", flush=True)
     pr = cProfile.Profile()
     pr.enable()

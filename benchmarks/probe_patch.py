@@ -5,26 +5,14 @@ transformers' generate() does): under torch.inference_mode() the dispatcher skip
 patch sits, so patched calls would silently stay on bitsandbytes. usage: probe_patch.py MODEL LAYERS ROUNDS [JSON]"""
 import json
 import sys
-import time
 
 import torch
 
 import fastnf4
 from fastnf4.bench import e2e
+from fastnf4.bench.harness import host_us_per_call
 from fastnf4.integrations import bitsandbytes as integ
 from fastnf4.study.e2e import bnb_linear
-
-
-def per_call(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
 
 
 name, layers, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -36,7 +24,7 @@ with torch.no_grad():
         x = torch.randn(1, m, 5120, device="cuda", dtype=torch.bfloat16)
         for patched in (False, True):
             (fastnf4.patch_bitsandbytes if patched else fastnf4.unpatch_bitsandbytes)()
-            t = per_call(lambda: b4(x))
+            t = host_us_per_call(lambda: b4(x))[0]
             res["host_us"][f"M={m} patched={patched}"] = t
             print(f"bitsandbytes Linear4bit M={m:4d} patched={patched!s:5s} host {t:6.1f} us/call", flush=True)
     fastnf4.unpatch_bitsandbytes()

@@ -11,19 +11,8 @@ import torch
 
 import fastnf4
 from fastnf4.bench import e2e
+from fastnf4.bench.harness import host_us_per_call
 from fastnf4.study.e2e import bnb_linear
-
-
-def host(fn, n=300):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
 
 
 def gpu(fn, n=30):
@@ -48,7 +37,7 @@ with torch.inference_mode():
         for m in (160, 1280):
             x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
             for name, mod in (("fastnf4", f4), ("bnb", b4), ("bf16", lin)):
-                h, w = host(lambda: mod(x))
+                h, w = host_us_per_call(lambda: mod(x), 300, 20)
                 print(f"{n}x{k} M={m:5d} {name:8s} host {h:7.1f} us/call  wall {w:7.1f}  gpu {gpu(lambda: mod(x)):7.1f} us",
                       flush=True)
         del lin, f4, b4

@@ -78,6 +78,20 @@ def time_both(calls: Sequence[Callable[[], object]]) -> dict:
     return t
 
 
+def host_us_per_call(fn: Callable[[], object], n: int = 2000, warmup: int = 50) -> tuple[float, float]:
+    """(host, with GPU) microseconds per call of ``fn``: wall time of ``n`` calls before synchronising (the
+    host's cost, as long as the GPU keeps up) and after (the cost including the GPU's work)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
+
+
 def copy_bandwidth(nbytes: int = 2 * 2**30) -> dict:
     """Device-to-device copy of ``nbytes``: GB/s counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
