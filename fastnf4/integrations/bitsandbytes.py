@@ -36,6 +36,8 @@ from collections import Counter
 
 import torch
 
+from ..ops.matmul import eager  # torch only at import (no Triton, no GPU)
+
 CALLS: Counter = Counter()
 GEMM_MIN_M = 4
 _state: dict = {"lib": None, "devices": ()}
@@ -147,16 +149,17 @@ def _decode_kernel_ok(A, B, k, blocksize) -> bool:
     return gemv_mma.supports(x2d, _as_bytes(B), blocksize, A.numel() // k, k)
 
 
-# Launches already worked out, keyed by everything they depend on (addresses, shapes, dtypes, M up to 32 or
-# "larger", device): ``gemv_mma.Prepared`` and a runner-mode dequantize ``Prepared`` hold only those addresses and
-# the plan, so an entry is a pure function of its key and a hit needs no other check. Cuts the host cost of a
+# Launches already worked out (``ops/matmul/eager.prepare``), keyed by everything they depend on (addresses,
+# shapes, dtypes, M up to 32 or "larger", device): ``gemv_mma.Prepared`` and a ``DequantMatmul`` whose dequantize
+# runs through the compiled kernel's runner hold only those addresses and the plan, so an entry is a pure function
+# of its key and a hit needs no other check. Cuts the host cost of a
 # patched eager call (checks, dispatch, plan, Triton's launcher) as ``ops/matmul/eager.py`` does for fastnf4's
 # own layers.
 _PREPARED: dict = {}
 _MAX_PREPARED = 4096
 
 
-def _decode_key(A, B, shapeB, blocksize, quant_type, tensors, bias):
+def _launch_key(A, B, shapeB, blocksize, quant_type, tensors, bias):
     """The key of a call with x contiguous and 16-byte aligned on a GPU (M <= 32 each M apart, larger M as one),
     else None."""
     if not A.is_cuda or A.dim() == 0 or len(shapeB) != 2 or not A.is_contiguous() or A.data_ptr() % 16:
@@ -167,61 +170,44 @@ def _decode_key(A, B, shapeB, blocksize, quant_type, tensors, bias):
     m = A.numel() // k
     if m == 0:
         return None
-    return (A.dtype, m if m <= 32 else 0, A.get_device(), B.data_ptr(), B.is_contiguous(), B.numel() * B.element_size(), n, k,
-            blocksize, quant_type, bias.data_ptr() if bias is not None else 0, None if bias is None else bias.dtype,
+    return (A.dtype, m if m <= eager.MAX_M else 0, A.get_device(), B.data_ptr(), B.is_contiguous(),
+            B.numel() * B.element_size(), n, k, blocksize, quant_type,
+            bias.data_ptr() if bias is not None else 0, None if bias is None else bias.dtype,
             *[(t.data_ptr(), t.dtype, t.numel(), t.is_contiguous()) if t is not None else None for t in tensors])
 
 
-def _run_prepared(name, key, A, n, bias, linear_args):
-    """Launch the prepared kernels of ``key``, preparing them first (``linear_args`` given) if this call takes a
-    fastnf4 kernel: ``gemv_mma.Prepared`` at M <= 32, a prepared dequantize + cuBLAS above. None when the call is
-    not one of those (the caller goes on with the full path)."""
-    entry = _PREPARED.get(key)
-    if entry is None:
-        from fastnf4 import _ops
-        from fastnf4.ops.dequantize import kernel as dq_kernel
-        from fastnf4.ops.matmul import dispatch, gemv_mma
-
-        if linear_args is None or torch.cuda.is_current_stream_capturing():
-            return None  # prepared outside captures only (the split-K counters are allocated there)
-        x2d = A.view(-1, A.shape[-1])
-        _ops.check_linear_args(x2d, *linear_args)
-        packed, absmax, code, blocksize, _, k, nested_code, nested_absmax, offset, nested_blocksize, _ = linear_args
-        path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize)
-        if path == "mma":
-            entry = ("mma", gemv_mma.Prepared(x2d, *linear_args))
-        elif path == "dequant+matmul" and key[1] == 0:
-            # prefill: the dequantize launch prepared once; kept only once it holds addresses alone (its runner
-            # passed the check), so that the cache never keeps a freed weight alive
-            dq = dq_kernel.Prepared(packed, absmax, code, blocksize, n * k, nested_code, nested_absmax, offset,
-                                    nested_blocksize, fast=True)
-            CALLS[name] += 1
-            wd = dq(torch.empty(n, k, dtype=A.dtype, device=A.device))
-            if dq.runner is not None:
-                _remember(key, ("dq", dq))
-            return torch.nn.functional.linear(A, wd, bias)
-        else:
-            return None
-        _remember(key, entry)
+def _prepared_hit(name, key, A, n, bias):
+    """The output of a call whose launch is already prepared, else None."""
+    prepared = _PREPARED.get(key) if key is not None else None
+    if prepared is None:
+        return None
     CALLS[name] += 1
-    kind, prep = entry
-    if kind == "mma":
-        y = prep(A)
-        return y if A.dim() == 2 else y.view(*A.shape[:-1], n)
-    wd = prep(torch.empty(n, A.shape[-1], dtype=A.dtype, device=A.device))
-    return torch.nn.functional.linear(A, wd, bias)
+    return eager.run(prepared, A, n, bias)
 
 
-def _remember(key, entry) -> None:
-    if len(_PREPARED) >= _MAX_PREPARED:
-        _PREPARED.clear()
-    _PREPARED[key] = entry
+def _prepare_and_run(name, key, A, n, bias, linear_args):
+    """Prepare this call's launch (``ops/matmul/eager.prepare``), run it, and keep it under ``key`` once it holds
+    addresses only, so that the cache never keeps a freed weight alive. None when the call takes another path
+    (the caller goes on with the full path)."""
+    if key is None or torch.cuda.is_current_stream_capturing():
+        return None  # prepared outside captures only (the split-K counters are allocated there)
+    prepared = eager.prepare(A.view(-1, A.shape[-1]), linear_args)
+    if prepared is None:
+        return None
+    CALLS[name] += 1
+    y = eager.run(prepared, A, n, bias)
+    if not getattr(prepared, "holds_tensors", False):
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = prepared
+    return y
 
 
 def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
-    key = _decode_key(A, B, shapeB, blocksize, "gemv", (absmax, code), None)
-    if key is not None and key in _PREPARED:
-        return _run_prepared("gemv_4bit", key, A, shapeB[0], None, None)
+    key = _launch_key(A, B, shapeB, blocksize, "gemv", (absmax, code), None)
+    y = _prepared_hit("gemv_4bit", key, A, shapeB[0], None)
+    if y is not None:
+        return y
     args = (A, B, shapeB, absmax, code, blocksize)
     covered = (
         len(shapeB) == 2 and A.dim() > 0 and A.shape[-1] == shapeB[1] and A.dtype in (torch.float16, torch.bfloat16)
@@ -235,7 +221,7 @@ def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
 
     n, k = shapeB
     largs = (_as_bytes(B), absmax, code.contiguous(), blocksize, n, k, None, None, None, 256, None)
-    y = _run_prepared("gemv_4bit", key, A, n, None, largs) if key is not None and code.is_contiguous() else None
+    y = _prepare_and_run("gemv_4bit", key if code.is_contiguous() else None, A, n, None, largs)
     if y is not None:
         return y
     CALLS["gemv_4bit"] += 1
@@ -244,9 +230,10 @@ def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
 
 def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
                absmax_offset=None):
-    key = _decode_key(A, B, shapeB, blocksize, quant_type, (absmax, absmax_8bit, absmax_code, absmax_offset), bias)
-    if key is not None and key in _PREPARED:
-        return _run_prepared("gemm_4bit", key, A, shapeB[0], bias, None)
+    key = _launch_key(A, B, shapeB, blocksize, quant_type, (absmax, absmax_8bit, absmax_code, absmax_offset), bias)
+    y = _prepared_hit("gemm_4bit", key, A, shapeB[0], bias)
+    if y is not None:
+        return y
     args = (A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
     if not _gemm_covered(*args):
         return _fallback("gemm_4bit", keyset, *args)
@@ -258,7 +245,7 @@ def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, a
     largs = (_as_bytes(B), absmax_8bit if nested else absmax, kernel_code(quant_type, A.device), blocksize, n, k,
              absmax_code if nested else None, absmax if nested else None,
              absmax_offset.reshape(()) if nested else None, 256, bias)
-    y = _run_prepared("gemm_4bit", key, A, n, bias, largs) if key is not None else None
+    y = _prepare_and_run("gemm_4bit", key, A, n, bias, largs)
     if y is not None:
         return y
     CALLS["gemm_4bit"] += 1

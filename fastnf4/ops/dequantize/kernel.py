@@ -120,8 +120,12 @@ class Prepared:
             self.runner = compiled[(self.grid[0], 1, 1)]  # the runner indexes all three grid dimensions
             # from now on only addresses: the launcher takes ints for pointers, and a Prepared kept in a cache
             # must not keep the weight's tensors alive
-            self.args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self.args]
+            self.args = _addresses(self.args)
         return out
+
+
+def _addresses(args: list) -> list:
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
 
 
 _RUNNER_CHECKED: list = []  # [bool] once the first fast launch of this process was compared
@@ -134,7 +138,7 @@ def _runner_ok(prep: Prepared, compiled, out) -> bool:
             if torch.cuda.is_current_stream_capturing():
                 return False  # checked later, outside a capture
             other = torch.empty_like(out).fill_(float("nan"))
-            args = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in prep.args]
+            args = _addresses(prep.args)
             args[3] = other
             compiled[(prep.grid[0], 1, 1)](*args, *prep.constexprs.values(),
                                 stream=torch._C._cuda_getCurrentRawStream(out.get_device()))

@@ -5,7 +5,7 @@ An eager decode step is bound by host time: transformers' Python runs ahead of a
 dispatch over M, the kernel plan, the launch arguments) cost ~70 us of host time on the H200's host
 (benchmarks/probe_host.py), against ~15 us for bf16 ``F.linear``. None of that depends on x beyond its
 dtype, M and device, so it is done once per weight and (dtype, M, device, bias) and kept beside the
-:class:`~fastnf4.format.NF4Weight` as a prepared launch (``gemv_mma.Prepared``, ``_DequantMatmul``); later
+:class:`~fastnf4.format.NF4Weight` as a prepared launch (``gemv_mma.Prepared``, ``DequantMatmul``); later
 calls check only x and launch.
 
 Taken only where ``_ops.linear`` would run its implementation directly anyway (a plain CUDA tensor, no
@@ -65,31 +65,17 @@ def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | 
         if entry is None:
             return None
     prepared = entry[2]
-    if prepared is None:
-        return None
-    y = prepared(x)  # [M, N] from the CUDA kernels, x's leading shape from dequantize + cuBLAS
-    return y if y.dim() == x.dim() else y.view(*x.shape[:-1], n)
+    return None if prepared is None else run(prepared, x, n, bias)
 
 
 def _build(x2d: torch.Tensor, q, bias, key):
-    """Check the call as the op contract does, pick the path as the dispatcher does, and keep the result
-    (a ``Prepared`` launch, or ``None`` = take the full path) for this weight and key."""
-    from ... import _ops
+    """The entry of this weight and key: its addresses, the bias object and ``prepare``'s launch (``None`` =
+    take the full path)."""
     from ...api import linear_args
-    from . import dispatch, gemv_mma
 
     if torch.cuda.is_current_stream_capturing():
         return None  # nothing is built inside a capture (the split-K counters would be missing); full path
-    args = linear_args(q, bias)
-    _ops.check_linear_args(x2d, *args)  # raises on bad input exactly as the full path would
-    packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, _ = args
-    m = x2d.shape[0]
-    path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize) if m else None
-    prepared = None
-    if path == "mma":
-        prepared = gemv_mma.Prepared(x2d, *args)
-    elif path == "dequant+matmul" and m > MAX_M:
-        prepared = _DequantMatmul(x2d.dtype, *args)
+    prepared = prepare(x2d, linear_args(q, bias)) if x2d.shape[0] else None
     plans = _PLANS.setdefault(q, {})
     if len(plans) >= _MAX_PLANS:
         plans.clear()
@@ -98,11 +84,39 @@ def _build(x2d: torch.Tensor, q, bias, key):
     return entry
 
 
-class _DequantMatmul:
-    """Prefill (M > 32): fastnf4 dequantize into a fresh buffer, then cuBLAS, with the dequantize launch
-    prepared once (``dequantize.kernel.Prepared`` with the compiled kernel's own runner)."""
+def prepare(x2d: torch.Tensor, args: tuple):
+    """The launch for x2d's M, dtype and device and the ``fastnf4::linear`` arguments ``args``: check the call as
+    the op contract does (raises on bad input exactly as the full path would), pick the path as the dispatcher
+    does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``DequantMatmul`` (M > 32) or ``None`` (any other path).
+    Shared by ``try_linear`` and the bitsandbytes patch."""
+    from ... import _ops
+    from . import dispatch, gemv_mma
 
-    __slots__ = ("dq", "n", "k", "dtype", "bias")
+    _ops.check_linear_args(x2d, *args)
+    packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, _ = args
+    path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize)
+    if path == "mma":
+        return gemv_mma.Prepared(x2d, *args)
+    if path == "dequant+matmul" and x2d.shape[0] > MAX_M:
+        return DequantMatmul(x2d.dtype, *args)
+    return None
+
+
+def run(prepared, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """Launch ``prepare``'s result on x (contiguous, 16-byte aligned, of the M, dtype and device it was prepared
+    for; for a ``gemv_mma.Prepared`` also the same bias) and give the output x's leading shape."""
+    if type(prepared) is DequantMatmul:
+        return prepared(x, bias)
+    y = prepared(x)  # [M, N]
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+class DequantMatmul:
+    """Prefill (M > 32): fastnf4 dequantize into a fresh buffer, then cuBLAS, with the dequantize launch
+    prepared once (``dequantize.kernel.Prepared`` with the compiled kernel's own runner; once that runner is in
+    use, ``holds_tensors`` is False: the launch keeps only addresses)."""
+
+    __slots__ = ("dq", "n", "k", "dtype")
 
     def __init__(self, dtype, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
                  nested_blocksize, bias):
@@ -110,9 +124,13 @@ class _DequantMatmul:
 
         self.dq = dq_kernel.Prepared(packed, absmax, code, blocksize, n * k, nested_code, nested_absmax, offset,
                                      nested_blocksize, fast=True)
-        self.n, self.k, self.dtype, self.bias = n, k, dtype, bias
+        self.n, self.k, self.dtype = n, k, dtype
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def holds_tensors(self) -> bool:
+        return self.dq.runner is None
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         wd = torch.empty(self.n, self.k, dtype=self.dtype, device=x.device)
         self.dq(wd)
-        return torch.nn.functional.linear(x, wd, self.bias)
+        return torch.nn.functional.linear(x, wd, bias)
