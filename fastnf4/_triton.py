@@ -44,3 +44,26 @@ def use_triton(device: torch.device) -> bool:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return _cuda_capability(index) >= (8, 0)
     return device.type == "cpu" and interpreter_enabled()
+
+
+@functools.cache
+def _triton_has_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        return "launch_pdl" in CUDAOptions.__dataclass_fields__
+    except (ImportError, AttributeError):
+        return False
+
+
+def pdl(device: torch.device, triton_kernel: bool = True) -> bool:
+    """Launch with programmatic dependent launch (PDL, sm_90+): the grid may be put on the GPU while the previous
+    kernel on the stream drains; every fastnf4 kernel launched so waits (``griddepcontrol.wait``) before it reads
+    or writes global memory, so this hides launch latency and never changes results. ``FASTNF4_PDL=0`` turns it
+    off; off under the interpreter, before Hopper, and for a Triton without ``launch_pdl``."""
+    if device.type != "cuda" or interpreter_enabled() or os.environ.get("FASTNF4_PDL", "1") == "0":
+        return False
+    if triton_kernel and not (triton_importable() and _triton_has_pdl()):
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_capability(index) >= (9, 0)

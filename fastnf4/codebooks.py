@@ -59,6 +59,13 @@ def _on_device(name: str, make, device) -> torch.Tensor:
     return _device_cache[key]
 
 
+def is_kernel_code(t: torch.Tensor) -> bool:
+    """Whether ``t`` is one of the cached ``kernel_code`` tables (constants: no kernel ever writes them, so a
+    kernel may read them before waiting for the previous kernel; see ``_triton.pdl``)."""
+    return any(k[0].startswith("kernel-") and v.data_ptr() == t.data_ptr() and v.device == t.device
+               for k, v in _device_cache.items())
+
+
 def code_4bit(quant_type: str = "nf4", device: torch.device | str = "cpu") -> torch.Tensor:
     """The 16-entry float32 table of ``quant_type`` on ``device`` (a fresh tensor each call)."""
     return _on_device(quant_type, lambda: _code_cpu(quant_type), device).clone()

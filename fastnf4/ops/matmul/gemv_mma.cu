@@ -53,6 +53,7 @@ struct Params {
   long long splits;            // S
   long long slices_per_split;
   const float* code;           // [16] values of the 4-bit codes (nf4 or fp4)
+  long long code_const;        // code is fastnf4's own table, never written by a kernel: read before pdl_wait
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -65,6 +66,21 @@ template <typename T> struct Pair {
   static __device__ void store(void* y, long long i, float v) { reinterpret_cast<T*>(y)[i] = T(v); }
   static __device__ float load(const void* p, long long i) { return float(reinterpret_cast<const T*>(p)[i]); }
 };
+
+// Programmatic dependent launch (sm_90+). Launched with the PDL attribute, a grid may start while the previous
+// kernel on the stream drains; ``pdl_wait`` returns once that kernel has finished and its writes are visible, so
+// every global memory access comes after it. ``pdl_launch_dependents`` lets the next PDL grid be scheduled as
+// soon as every block of this one has started (it waits the same way). Both are no-ops without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -489,10 +505,14 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   const uint32_t tpad = (0u - smem_s) & 0xffffu;
   const int below = static_cast<int>(tpad) / kWarpBytes;
   uint32_t* table = reinterpret_cast<uint32_t*>(smem + tpad);
+  // the pair table overlaps the previous kernel's drain when its source is a constant (PDL launches)
+  if (!p.code_const) pdl_wait();
   for (int i = threadIdx.x; i < 256 * 32; i += C::kThreads) {
     const int v = i >> 5;
     table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
   }
+  if (p.code_const) pdl_wait();
+  pdl_launch_dependents();
   if constexpr (kNested) {
     for (int i = threadIdx.x; i < 256; i += C::kThreads) nested_code[i] = __ldg(p.nested_code + i);
   }
@@ -764,10 +784,14 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float nested_code[kNested ? 256 : 1];
   uint32_t* table = reinterpret_cast<uint32_t*>(smem);
+  // the pair table overlaps the previous kernel's drain when its source is a constant (PDL launches)
+  if (!p.code_const) pdl_wait();
   for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
     const int v = i >> 5;
     table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
   }
+  if (p.code_const) pdl_wait();
+  pdl_launch_dependents();
   if constexpr (kNested) {
     for (int i = threadIdx.x; i < 256; i += kThreads) nested_code[i] = __ldg(p.nested_code + i);
   }
@@ -1041,13 +1065,22 @@ int fastnf4_gemv_mma_rows(int variant) { return fastnf4_mma::rows_for(variant); 
 
 int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
-// dtype 0 = bf16, 1 = fp16; returns a cudaError_t.
-int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream) {
+// dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
+int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
   void* f = fastnf4_mma::kernel_for(dtype, variant, nested);
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
-  return (int)cudaLaunchKernel(f, dim3(grid), dim3(fastnf4_mma::threads_for(variant)), args,
-                               fastnf4_mma::smem_for(variant), stream);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(fastnf4_mma::threads_for(variant));
+  cfg.dynamicSmemBytes = fastnf4_mma::smem_for(variant);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return (int)cudaLaunchKernelExC(&cfg, f, args);
 }
 
 }  // extern "C"

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ... import _cuda
+from ... import _cuda, _triton, codebooks
 
 SOURCE = os.path.join(os.path.dirname(__file__), "gemv_mma.cu")
 MAX_M = 32
@@ -27,7 +27,7 @@ class Params(ctypes.Structure):
         ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("partial", ctypes.c_void_p), ("counters", ctypes.c_void_p),
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong), ("blocksize", ctypes.c_longlong),
         ("splits", ctypes.c_longlong),
-        ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p),
+        ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
     ]
 
 
@@ -36,7 +36,7 @@ class _Lib:
         self.lib = lib
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         lib.fastnf4_gemv_mma.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                         ctypes.c_int, ctypes.c_void_p]
+                                         ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.fastnf4_gemv_mma.restype = ctypes.c_int
         lib.fastnf4_gemv_mma_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_gemv_mma_occupancy.restype = ctypes.c_int
@@ -133,7 +133,7 @@ class Prepared:
     once, so that a call only fills in x, y and the split-K workspace and launches (~10 us of host time instead
     of ~25 us for working it all out again; ``ops/matmul/eager.py`` keeps these per weight)."""
 
-    __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device")
+    __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device", "pdl")
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
                  nested_blocksize, bias, splits: tuple[int, int] | None = None):
@@ -160,6 +160,7 @@ class Prepared:
         items = -(-n // rows) * s
         self.lib, self.index, self.m, self.n, self.dtype, self.dt, self.v = lib, index, m, n, x2d.dtype, dt, v
         self.nested, self.splits, self.device = int(nested), s, x2d.device
+        self.pdl = int(_triton.pdl(x2d.device, triton_kernel=False))
         self.grid = min(sms * occ, -(-items // per_block))
         self.params = Params(
             packed=packed.data_ptr(), absmax=absmax.data_ptr(),
@@ -169,7 +170,7 @@ class Prepared:
             bias=bias.data_ptr() if bias is not None else None, y=None, partial=None,
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
-            code=code.data_ptr(),
+            code=code.data_ptr(), code_const=int(codebooks.is_kernel_code(code)),
         )
 
     def __call__(self, x2d: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,7 +185,7 @@ class Prepared:
             partial = torch.empty(self.splits, m, n, dtype=torch.float32, device=self.device)
             p.partial = partial.data_ptr()
         rc = self.lib.lib.fastnf4_gemv_mma(ctypes.byref(p), self.dt, self.v, self.nested, self.grid,
-                                           torch._C._cuda_getCurrentRawStream(self.index))
+                                           torch._C._cuda_getCurrentRawStream(self.index), self.pdl)
         if rc != 0:
             raise RuntimeError(f"gemv_mma launch failed (cudaError {rc})")
         return y
