@@ -81,7 +81,7 @@ def main() -> None:
 
             def nodecode(i, flag):
                 _nodecode[grid](qs[i].packed_u8, absf[i], outs[i], n_bytes, q.numel, absf[i].numel(),
-                                BLOCKSIZE=64, ROWS=rows_, COLS=cols_, PDL=flag, num_warps=4,
+                                BLOCKSIZE=64, ROWS=rows_, COLS=cols_, PDL=flag, num_warps=K.NUM_WARPS,
                                 **({"launch_pdl": True} if flag else {}))
 
             t = {
