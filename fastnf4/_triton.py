@@ -60,7 +60,8 @@ def pdl(device: torch.device, triton_kernel: bool = True) -> bool:
     """Launch with programmatic dependent launch (PDL, sm_90+): the grid may be put on the GPU while the previous
     kernel on the stream drains; every fastnf4 kernel launched so waits (``griddepcontrol.wait``) before it reads
     or writes global memory, so this hides launch latency and never changes results. ``FASTNF4_PDL=0`` turns it
-    off; off under the interpreter, before Hopper, and for a Triton without ``launch_pdl``."""
+    off; off under the interpreter, before Hopper, and for a Triton without ``launch_pdl``. The CUDA matmul
+    kernels also need ``FASTNF4_PDL_MMA=1`` (``gemv_mma.Prepared``)."""
     if device.type != "cuda" or interpreter_enabled() or os.environ.get("FASTNF4_PDL", "1") == "0":
         return False
     if triton_kernel and not (triton_importable() and _triton_has_pdl()):

@@ -3,6 +3,8 @@ drains, and must then wait for it before touching memory. Checked with chains wh
 the one before wrote (read after write) or overwrites what the one before read (write after read), eagerly
 and inside a CUDA graph, bitwise against the same chain with PDL off; and the launch really uses PDL.
 """
+import os
+
 import pytest
 import torch
 
@@ -47,12 +49,18 @@ def test_pdl_is_used_on_this_gpu():
     assert dq_kernel.Prepared(q.packed_u8, q.absmax, fastnf4.codebooks.kernel_code("nf4", q.device), q.blocksize,
                               q.numel).constexprs["PDL"]
     if gemv_mma.supports(x, q.packed_u8, q.blocksize, 256, 4096, q.nested_code is not None):
-        assert gemv_mma.Prepared(x, *linear_args(q)).pdl == 1
+        assert gemv_mma.Prepared(x, *linear_args(q)).pdl == 0  # opt-in for the CUDA kernels
+        os.environ["FASTNF4_PDL_MMA"] = "1"
+        try:
+            assert gemv_mma.Prepared(x, *linear_args(q)).pdl == 1
+        finally:
+            del os.environ["FASTNF4_PDL_MMA"]
 
 
 @pytest.mark.parametrize("graph", [False, True])
 def test_chains_bitwise_equal_with_and_without_pdl(weights, graph, monkeypatch):
     q1, q2, q3 = weights
+    monkeypatch.setenv("FASTNF4_PDL_MMA", "1")  # the CUDA kernels' opt-in too
     monkeypatch.setenv("FASTNF4_PDL", "0")
     expect = [y.clone() for y in _run(q1, q2, q3)]
     monkeypatch.delenv("FASTNF4_PDL")

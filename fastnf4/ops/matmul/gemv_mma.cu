@@ -77,7 +77,7 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 __device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FASTNF4_NO_PDL_TRIGGER)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }

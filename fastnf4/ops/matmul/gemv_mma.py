@@ -160,7 +160,9 @@ class Prepared:
         items = -(-n // rows) * s
         self.lib, self.index, self.m, self.n, self.dtype, self.dt, self.v = lib, index, m, n, x2d.dtype, dt, v
         self.nested, self.splits, self.device = int(nested), s, x2d.device
-        self.pdl = int(_triton.pdl(x2d.device, triton_kernel=False))
+        # PDL for these kernels is opt-in (FASTNF4_PDL_MMA=1): back to back it saves ~0.7-1.5 us per call, but a
+        # graph-captured Qwen3-32B decode step at batch 1 measured 1.5-2% slower with it (NOTES.md, session 7)
+        self.pdl = int(os.environ.get("FASTNF4_PDL_MMA", "0") == "1" and _triton.pdl(x2d.device, triton_kernel=False))
         self.grid = min(sms * occ, -(-items // per_block))
         self.params = Params(
             packed=packed.data_ptr(), absmax=absmax.data_ptr(),

@@ -1,0 +1,28 @@
+"""Does programmatic dependent launch pay inside a model? A fastnf4 NF4 model (MODEL cut to LAYERS) decoded with a
+CUDA graph and eagerly, PDL off and on (``FASTNF4_PDL``) in alternating ROUNDS, batch 1 and 8.
+usage: python benchmarks/probe_pdl_e2e.py MODEL LAYERS ROUNDS [JSON]"""
+import json
+import os
+import sys
+
+import torch
+
+from fastnf4.bench import e2e
+from fastnf4.ops.matmul import eager
+
+name, layers, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model = e2e._make(name, layers, "fastnf4")
+rows = []
+for r in range(rounds):
+    for pdl in ("0", "1"):
+        os.environ["FASTNF4_PDL"] = pdl
+        eager._PLANS.clear()  # prepared launches read the switch when they are made
+        for batch in (1, 8):
+            for graph in (True, False):
+                t = e2e.decode_speed(model, batch, 160, 16, graph=graph)
+                rows.append(dict(round=r, pdl=int(pdl), batch=batch, graph=graph, step_us=t["step_us"],
+                                 ttft_us=t["ttft_us"]))
+                print(f"round {r} pdl {pdl} b{batch} {'graph' if graph else 'eager'}: step {t['step_us']:8.0f} us, "
+                      f"ttft {t['ttft_us']:8.0f} us", flush=True)
+if len(sys.argv) > 4:
+    json.dump(rows, open(sys.argv[4], "w"), indent=1)
