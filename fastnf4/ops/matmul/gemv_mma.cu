@@ -72,12 +72,12 @@ template <typename T> struct Pair {
 // every global memory access comes after it. ``pdl_launch_dependents`` lets the next PDL grid be scheduled as
 // soon as every block of this one has started (it waits the same way). Both are no-ops without the attribute.
 __device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FASTNF4_NO_PDL)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FASTNF4_NO_PDL_TRIGGER)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FASTNF4_NO_PDL_TRIGGER) && !defined(FASTNF4_NO_PDL)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
