@@ -145,3 +145,51 @@ def test_unaligned_nested_codes():
     y = gemv_mma.launch(x, *linear_args(q))
     yu = gemv_mma.launch(x, *args)
     assert torch.equal(y, yu)
+
+
+def _model_exact(q, x, bias):
+    """float64 y with the float32 code values (not rounded to the input dtype): the small-weight kernel's model."""
+    n, k = q.shape
+    codes = unpack_nibbles(q.packed_u8.flatten(), n * k)
+    table = kernel_code(q.quant_type, q.device).double()
+    absmax = decode_absmax(q.absmax, q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize).double()
+    w = table[codes] * absmax.repeat_interleave(q.blocksize)[: n * k]
+    y = x.double() @ w.view(n, k).T
+    return y + bias.double() if bias is not None else y
+
+
+@pytest.mark.parametrize("n, k", [(17, 96), (40, 32), (1000, 4128), (3000, 5376), (300, 16384)])
+@pytest.mark.parametrize("blocksize", [32, 64, 256, 4096])
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_small_weight_kernel_matches_model(n, k, blocksize, nested, dtype):
+    torch.manual_seed(n + k + blocksize + 1)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
+                         double_quant=nested)
+    for m in (1, 2):
+        if not gemv_mma.small_fits(m, k, 2):
+            with pytest.raises(ValueError, match="small-weight kernel"):
+                gemv_mma.launch(torch.randn(m, k, device="cuda", dtype=dtype), *linear_args(q), kernel=gemv_mma.SMALL)
+            continue
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype) if (m + n) % 2 else None
+        ref = _model_exact(q, x, bias)
+        y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        gemv_mma.launch(x, *linear_args(q, bias), y=y, kernel=gemv_mma.SMALL)
+        tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
+        assert torch.isfinite(y).all()
+        assert ((y.double() - ref).abs() <= tol).all(), m
+
+
+@pytest.mark.parametrize("n, k", [(1000, 4128), (3000, 5376), (4096, 4096), (1024, 8192)])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_small_weight_kernel_error_budget(n, k, m, dtype):
+    torch.manual_seed(n * m + 7)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.02, blocksize=64, double_quant=True)
+    wd = fastnf4.dequantize(q)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    ref = x.double() @ wd.double().T
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    gemv_mma.launch(x, *linear_args(q), y=y, kernel=gemv_mma.SMALL)
+    assert _rel(y, ref) <= 2 * _rel(x @ wd.T, ref)

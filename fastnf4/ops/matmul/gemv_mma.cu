@@ -995,9 +995,124 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   settle_splits<T>(p, blockIdx.x, gridDim.x, items, kWarps, warp, lane);
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// Small-weight decode kernel (variant 4, M <= 2): one warp per weight row, CUDA cores, no shared pair table.
+// For weights of a few MB the tensor-core decode kernel is bound by fixed costs (building its 64 KiB table,
+// filling its pipeline, the split-K reduction), not by bytes; this one has none of them: x is staged in shared
+// memory once per block, each lane reads 16-byte chunks (32 codes) of its row, looks codes up in a 16-entry float
+// table (16 banks: conflict-free), sums code * x in float32 per chunk and scales by the chunk's float32 absmax
+// (a chunk never straddles two quantization blocks: blocksize >= 32, K % 32 == 0); a warp shuffle reduction ends
+// the row. The codes are not rounded to the input dtype (the tensor-core kernels' table is), so its error is at
+// most that of cuBLAS on the dequantized weight plus the weight's own rounding.
+namespace small {
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kXBytes = 32 * 1024;  // x rows as T: M * K * sizeof(T) must fit (the host checks)
+constexpr int kGroup = 4;           // chunks per lane loaded before any is used
+}  // namespace small
+
+template <typename T>
+__device__ __forceinline__ float2 x_pair(uint32_t v) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+}
+
+template <typename T, bool kNested>
+__global__ void __launch_bounds__(small::kThreads) gemv_small(const __grid_constant__ Params p) {
+  using namespace small;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float code[16];
+  __shared__ float nested_code[kNested ? 256 : 1];
+  pdl_wait();
+  if (threadIdx.x < 16) code[threadIdx.x] = __ldg(p.code + threadIdx.x);
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) nested_code[i] = __ldg(p.nested_code + i);
+  }
+  const int M = static_cast<int>(p.M), K = static_cast<int>(p.K);
+  const int xbytes = M * K * static_cast<int>(sizeof(T));  // a multiple of 64 (K % 32 == 0)
+  const uint8_t* xg = reinterpret_cast<const uint8_t*>(p.x);
+  for (int i = 16 * threadIdx.x; i < xbytes; i += 16 * kThreads) {
+    *reinterpret_cast<uint4*>(smem + i) = __ldg(reinterpret_cast<const uint4*>(xg + i));
+  }
+  pdl_launch_dependents();
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int chunks = K >> 5;  // 32 codes = 16 bytes each
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const uint32_t* xs = reinterpret_cast<const uint32_t*>(smem);  // pairs of T
+  const int xrow = K >> 1;                                       // pairs per x row
+  for (long long row = (long long)blockIdx.x * kWarps + warp; row < p.N; row += (long long)gridDim.x * kWarps) {
+    const uint4* wrow = reinterpret_cast<const uint4*>(p.packed + row * (K >> 1));
+    const long long e0 = row * K;
+    float acc[2] = {0.f, 0.f};
+    for (int c0 = lane; c0 < chunks; c0 += 32 * kGroup) {
+      uint4 w[kGroup];
+      float a[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {  // every load of the group first
+        const int c = c0 + 32 * g;
+        if (c < chunks) {
+          w[g] = __ldcs(wrow + c);
+          const long long blk = (e0 + 32LL * c) >> log2_bs;
+          if constexpr (kNested) {
+            const uint32_t q = __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + blk);
+            // as bitsandbytes' two steps: the product rounded, then the sum (no FMA)
+            a[g] = __fadd_rn(__fmul_rn(nested_code[q], __ldg(p.nested_absmax + (blk >> 8))), offset);
+          } else {
+            a[g] = __ldg(reinterpret_cast<const float*>(p.absmax) + blk);
+          }
+        } else {
+          w[g] = make_uint4(0, 0, 0, 0);
+          a[g] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const int c = c0 + 32 * g;
+        if (c >= chunks) break;
+        const uint32_t words[4] = {w[g].x, w[g].y, w[g].z, w[g].w};
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          if (m >= M) break;
+          const uint4* xc = reinterpret_cast<const uint4*>(xs + m * xrow + 16 * c);  // 32 x values of chunk c
+          float s = 0.f;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint4 xv = xc[q];  // 8 x values: the 4 bytes of words[q] (hi nibble first in each byte)
+            const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              const uint32_t byte = (words[q] >> (8 * b)) & 0xffu;
+              const float2 xf = x_pair<T>(xw[b]);
+              s = fmaf(code[byte >> 4], xf.x, s);
+              s = fmaf(code[byte & 15u], xf.y, s);
+            }
+          }
+          acc[m] = fmaf(a[g], s, acc[m]);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      if (m >= M) break;
+      float v = acc[m];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) Pair<T>::store(p.y, m * p.N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+    }
+  }
+}
+
 // Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
-// 16 / 32). M = 3-4 take the GEMM kernel: on the H200 it beat the decode kernel with 2 column groups there
-// (gate_up 166 vs 172 us, down 75 vs 88 us; NOTES.md session 4).
+// 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.variant``). M = 3-4 take the GEMM
+// kernel: on the H200 it beat the decode kernel with 2 column groups there (gate_up 166 vs 172 us, down 75 vs
+// 88 us; NOTES.md session 4).
 template <typename T, bool kNested>
 void* pick(int variant) {
   switch (variant) {
@@ -1005,6 +1120,7 @@ void* pick(int variant) {
     case 1: return (void*)gemm_mma_pipe<T, 1, kNested>;
     case 2: return (void*)gemm_mma_pipe<T, 2, kNested>;
     case 3: return (void*)gemm_mma_pipe<T, 4, kNested>;
+    case 4: return (void*)gemv_small<T, kNested>;
   }
   return nullptr;
 }
@@ -1017,6 +1133,7 @@ void* kernel_for(int dtype, int variant, int nested) {
 int threads_for(int variant) {
   switch (variant) {
     case 0: return pipe::Cfg<1>::kThreads;
+    case 4: return small::kThreads;
   }
   return gemm::kThreads;
 }
@@ -1027,12 +1144,14 @@ int smem_for(int variant) {
     case 1: return gemm::Cfg<1>::kSmem;
     case 2: return gemm::Cfg<2>::kSmem;
     case 3: return gemm::Cfg<4>::kSmem;
+    case 4: return small::kXBytes;
   }
   return 0;
 }
 
-// weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block)
-int rows_for(int variant) { return variant == 0 ? 16 : 16 * gemm::kWarps; }
+// weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block),
+// one per warp for the small-weight kernel
+int rows_for(int variant) { return variant == 0 ? 16 : variant == 4 ? small::kWarps : 16 * gemm::kWarps; }
 
 }  // namespace fastnf4_mma
 

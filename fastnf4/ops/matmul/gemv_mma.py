@@ -95,13 +95,32 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
 
 
-VARIANTS = (0, 1, 2, 3)
+VARIANTS = (0, 1, 2, 3, 4)
+SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
+SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXBytes)
+# Weights of at most this many elements (N * K) take it, at M = 1 / M = 2. H200 (benchmarks/probe_small_kernel.py,
+# graph timing): it wins on every k/v projection at M = 1 (Llama 8.6 vs 11.9 us for the tensor-core kernel,
+# bitsandbytes 12.0; Qwen 6.8 vs 11.2 / 8.2; Gemma 2048x5376 9.3 vs 11.7 / 10.5) and on Llama / Qwen k/v at M = 2,
+# and loses from Gemma q/o (4096x5376, 11 MB: 16.8 vs 13.8 us) up: its lookups and x reads go through shared
+# memory per code, the fixed costs it saves only matter below ~6 MB.
+SMALL_MAX_ELEMS = (12 * 2**20, 9 * 2**20)
 
 
 def variant(m: int) -> int:
     """Kernel variant for M rows: 0 the decode kernel (M <= 2), 1 / 2 / 3 the GEMM kernel (M <= 8 / 16 / 32);
-    see ``pick`` in gemv_mma.cu."""
+    see ``pick`` in gemv_mma.cu. ``choose`` may take the small-weight kernel instead."""
     return 0 if m <= 2 else 1 if m <= 8 else 2 if m <= 16 else 3
+
+
+def small_fits(m: int, k: int, elem_bytes: int) -> bool:
+    return m <= 2 and m * k * elem_bytes <= SMALL_X_BYTES
+
+
+def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
+    """The variant a call takes: the small-weight kernel for small weights at M <= 2, else ``variant(m)``."""
+    if m <= 2 and n * k <= SMALL_MAX_ELEMS[m - 1] and small_fits(m, k, elem_bytes):
+        return SMALL
+    return variant(m)
 
 
 @functools.lru_cache(maxsize=4096)  # pure; called once per launch
@@ -136,11 +155,15 @@ class Prepared:
     __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device", "pdl")
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                 nested_blocksize, bias, splits: tuple[int, int] | None = None):
+                 nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None):
         index = _index(x2d.device)
         lib = _lib_for(index)
         m = x2d.shape[0]
-        v = variant(m)
+        v = choose(m, n, k, x2d.element_size()) if kernel is None else kernel
+        if v == SMALL:
+            if not small_fits(m, k, x2d.element_size()):
+                raise ValueError(f"gemv_mma: the small-weight kernel takes M <= 2 and M * K <= {SMALL_X_BYTES // 2}")
+            splits = (1, -(-k // SLICE))  # one warp per row, no split-K
         nested = nested_code is not None
         dt = _DTYPES[x2d.dtype]
         occ = lib.occupancy[(dt, v, int(nested))]
@@ -194,6 +217,7 @@ class Prepared:
 
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
-           y: torch.Tensor | None = None, splits: tuple[int, int] | None = None) -> torch.Tensor:
+           y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
+           kernel: int | None = None) -> torch.Tensor:
     return Prepared(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
-                    bias, splits)(x2d, y)
+                    bias, splits, kernel)(x2d, y)
