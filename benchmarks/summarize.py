@@ -56,8 +56,36 @@ def matmul(d):
               f"{max(r['fastnf4_pct_floor'] for r in rs):.0f} | {f('err_ratio')} |")
 
 
+NAMES = {"llama-3.3-70b": "Llama-3.3-70B", "qwen3-32b": "Qwen3-32B", "gemma-3-27b": "Gemma-3-27B"}
+VARIANTS = {"bf16": "bf16", "bnb": "bitsandbytes NF4", "fastnf4": "fastnf4 NF4"}
+
+
+def e2e(d):
+    """One table row per (model, variant): weights, eager TTFT per batch, decode tokens/s per (batch, mode)."""
+    rows = [r for r in d["rows"] if r.get("step_us")]
+    if not rows:
+        return
+    model, layers = rows[0]["model"], rows[0]["layers"]
+    if not getattr(e2e, "header", False):
+        print("| model | variant | weights GiB | TTFT b1 / b8 / b32 (ms) | b1 eager | b1 graph | b8 eager | b8 graph | "
+              "b32 eager | b32 graph | 4-bit share (b1 graph) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        e2e.header = True
+    for variant in ("bf16", "bnb", "fastnf4"):
+        rs = {(r["batch"], r["mode"]): r for r in rows if r["variant"] == variant}
+        if not rs:
+            continue
+        ttft = " / ".join(f"{rs[(b, 'eager')]['ttft_us'] / 1e3:.0f}" for b in (1, 8, 32))
+        tps = " | ".join(f"{rs[(b, m)]['tok_per_s']:.1f}" for b in (1, 8, 32) for m in ("eager", "graph"))
+        share = rs[(1, "graph")].get("share_4bit")
+        share = f"{share:.2f}" if variant != "bf16" and share is not None else "-"
+        weights = next(iter(rs.values()))["weights_gib"]
+        print(f"| {NAMES.get(model, model)} ({layers} layers) | {VARIANTS[variant]} | {weights:.1f} | {ttft} | {tps} "
+              f"| {share} |")
+
+
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         d = json.load(open(path))
-        {"dequant": dequant, "quantize": quantize, "matmul": matmul}[d["benchmark"]](d)
+        {"dequant": dequant, "quantize": quantize, "matmul": matmul, "e2e": e2e}[d["benchmark"]](d)
         print()
