@@ -22,7 +22,7 @@ from fastnf4.ops.dequantize import kernel as K
 @triton.jit
 def _variant(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_bytes, numel, n_blocks,
              BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-             STORE: tl.constexpr, LOAD_EF: tl.constexpr):
+             STORE: tl.constexpr, LOAD_EF: tl.constexpr, STATS: tl.constexpr = 0):
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -31,11 +31,21 @@ def _variant(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_
     o_blk = o_row // (BLOCKSIZE // 2)
     m_blk = o_blk < n_blocks
     if NESTED:
-        b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
+        if STATS == 1:
+            b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0, eviction_policy="evict_first").to(tl.int32)
+        elif STATS == 2:
+            b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0, eviction_policy="evict_last").to(tl.int32)
+        else:
+            b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
         b_scale2 = tl.load(p_nabsmax + o_blk // 256, mask=m_blk, other=0.0)
         b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
     else:
-        b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
+        if STATS == 1:
+            b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0, eviction_policy="evict_first")
+        elif STATS == 2:
+            b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0, eviction_policy="evict_last")
+        else:
+            b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
     if LOAD_EF == 1:
         b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0, eviction_policy="evict_first")
     elif LOAD_EF == 2:
@@ -43,6 +53,8 @@ def _variant(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_
                            eviction_policy="evict_first")
     elif LOAD_EF == 3:
         b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0, cache_modifier=".cg")
+    elif LOAD_EF == 4:
+        b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0, cache_modifier=".cs")
     else:
         b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0)
     b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
@@ -64,19 +76,15 @@ def _variant(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_
         tl.store(p_out + o_out, v, mask=o_out < numel)
 
 
-VARIANTS = {  # name: (tile bytes, warps, store, load)
-    "base": (2048, 4, 0, 0),
-    "cs+ef": (2048, 4, 1, 1),
-    "cs+ef_1k2": (1024, 2, 1, 1),
-    "cs+ef_512_1": (512, 1, 1, 1),
-    "cs+ef_1k1": (1024, 1, 1, 1),
-    "cs+ef_2k2": (2048, 2, 1, 1),
-    "cs+ef_2k1": (2048, 1, 1, 1),
-    "cs+ef_4k2": (4096, 2, 1, 1),
-    "ef+ef_1k2": (1024, 2, 2, 1),
+VARIANTS = {  # name: (tile bytes, warps, store, load, statistics loads)
+    "cs+ef_1k2": (1024, 2, 1, 1, 0),
+    "cs+cs_1k2": (1024, 2, 1, 4, 0),
+    "cs+ef+sEF": (1024, 2, 1, 1, 1),
+    "cs+ef+sEL": (1024, 2, 1, 1, 2),
+    "cs+cs+sEL": (1024, 2, 1, 4, 2),
+    "ef+ef+sEL": (1024, 2, 2, 1, 2),
 }
-SHAPES = [(8192, 5120), (10240, 5120), (8192, 5376), (4096, 5376), (2048, 5376), (1024, 5120), (1024, 8192),
-          (8192, 8192), (25600, 5120)]
+SHAPES = [(8192, 5120), (10240, 5120), (8192, 5376), (2048, 5376), (1024, 5120), (25600, 5120)]
 
 
 def main() -> None:
@@ -100,17 +108,17 @@ def main() -> None:
             t = time_graph([lambda i=i: prod[i](outs[i]) for i in range(reps)])
             row["prod_pct"] = 100 * moved / t["median_us"] / 1e3 / copy["GBps"]
             line += f" prod {row['prod_pct']:5.1f}"
-            for name, (tile, warps, store, ld_ef) in VARIANTS.items():
+            for name, (tile, warps, store, ld_ef, stats) in VARIANTS.items():
                 cols = 32
                 grid = (triton.cdiv(n_bytes, tile),)
 
-                def call(i, tile=tile, warps=warps, store=store, ld_ef=ld_ef, grid=grid):
+                def call(i, tile=tile, warps=warps, store=store, ld_ef=ld_ef, stats=stats, grid=grid):
                     w = qs[i]
                     nc = w.nested_code if nested else code
                     _variant[grid](w.packed_u8, w.absmax, code, outs[i], nc, w.nested_absmax if nested else w.absmax,
                                    w.offset if nested else code, n_bytes, w.numel, w.absmax.numel(),
                                    BLOCKSIZE=64, NESTED=nested, ROWS=tile // cols, COLS=cols, STORE=store,
-                                   LOAD_EF=ld_ef, num_warps=warps, enable_fp_fusion=False, launch_pdl=True)
+                                   LOAD_EF=ld_ef, STATS=stats, num_warps=warps, enable_fp_fusion=False, launch_pdl=True)
 
                 outs[0].fill_(float("nan"))
                 try:

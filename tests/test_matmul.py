@@ -123,3 +123,43 @@ def test_gemv_mma_source_compiles(arch, tmp_path):
     dll = ctypes.CDLL(lib)  # loads without a GPU; the C entry points are exported
     dll.fastnf4_gemv_mma_params_size.restype = ctypes.c_int
     assert dll.fastnf4_gemv_mma_params_size() == ctypes.sizeof(gemv_mma.Params)
+
+
+def test_small_weight_kernel_takes_the_kv_projections():
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma
+
+    kv = [(n, k) for _, layer, n, k in model_shapes() if layer == "k+v"]
+    assert len(kv) == 3
+    for n, k in kv:  # every k/v projection of the three models at M = 1 (H200: 1.1-1.4x bitsandbytes)
+        assert gemv_mma.choose(1, n, k, 2) == gemv_mma.SMALL
+    for _, layer, n, k in model_shapes():  # nothing larger than Gemma k/v (5.7 MB): they lost there
+        if layer != "k+v":
+            assert gemv_mma.choose(1, n, k, 2) != gemv_mma.SMALL
+    assert gemv_mma.choose(2, 1024, 8192, 2) == gemv_mma.SMALL
+    assert gemv_mma.choose(2, 2048, 5376, 2) == gemv_mma.variant(2)  # slower than the tensor-core kernel at M = 2
+    assert gemv_mma.choose(3, 1024, 5120, 2) == gemv_mma.variant(3)
+    assert not gemv_mma.small_fits(1, 32768, 2)  # x must fit its 32 KiB shared-memory staging
+
+
+def test_pdl_decision_never_touches_a_gpu(monkeypatch):
+    from fastnf4.ops.dequantize import kernel as dq_kernel
+
+    assert not _triton.pdl(torch.device("cpu"))
+    monkeypatch.setenv("FASTNF4_PDL", "0")
+    assert not _triton.pdl(torch.device("cuda", 0))  # decided before any device query
+    monkeypatch.delenv("FASTNF4_PDL")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not _triton.pdl(torch.device("cuda", 0))
+    q = fastnf4.quantize(torch.randn(8, 64))
+    prep = dq_kernel.Prepared(q.packed_u8, q.absmax, kernel_code("nf4", q.device), 64, q.numel)
+    assert prep.constexprs["PDL"] is False
+
+
+def test_is_kernel_code():
+    from fastnf4 import codebooks
+
+    t = kernel_code("nf4", torch.device("cpu"))
+    assert codebooks.is_kernel_code(t) and codebooks.is_kernel_code(kernel_code("fp4", torch.device("cpu")))
+    assert not codebooks.is_kernel_code(t.clone())
+    assert not codebooks.is_kernel_code(codebooks.code_4bit("nf4"))  # a fresh copy, which a kernel may write
