@@ -3,8 +3,6 @@ drains, and must then wait for it before touching memory. Checked with chains wh
 the one before wrote (read after write) or overwrites what the one before read (write after read), eagerly
 and inside a CUDA graph, bitwise against the same chain with PDL off; and the launch really uses PDL.
 """
-import os
-
 import pytest
 import torch
 
@@ -42,7 +40,7 @@ def _run(q1, q2, q3, rounds=6):
     return outs
 
 
-def test_pdl_is_used_on_this_gpu():
+def test_pdl_is_used_on_this_gpu(monkeypatch):
     assert _triton.pdl(torch.device("cuda"))
     x = torch.zeros(1, 4096, device="cuda", dtype=torch.bfloat16)
     q = fastnf4.quantize(torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16))
@@ -50,11 +48,8 @@ def test_pdl_is_used_on_this_gpu():
                               q.numel).constexprs["PDL"]
     if gemv_mma.supports(x, q.packed_u8, q.blocksize, 256, 4096, q.nested_code is not None):
         assert gemv_mma.Prepared(x, *linear_args(q)).pdl == 0  # opt-in for the CUDA kernels
-        os.environ["FASTNF4_PDL_MMA"] = "1"
-        try:
-            assert gemv_mma.Prepared(x, *linear_args(q)).pdl == 1
-        finally:
-            del os.environ["FASTNF4_PDL_MMA"]
+        monkeypatch.setenv("FASTNF4_PDL_MMA", "1")
+        assert gemv_mma.Prepared(x, *linear_args(q)).pdl == 1
 
 
 @pytest.mark.parametrize("graph", [False, True])

@@ -195,7 +195,7 @@ class Prepared:
             bias=bias.data_ptr() if bias is not None else None, y=None, partial=None,
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
-            code=code.data_ptr(), code_const=int(codebooks.is_kernel_code(code)),
+            code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
         )
 
     def __call__(self, x2d: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
