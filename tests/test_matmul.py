@@ -72,6 +72,76 @@ def test_dispatch_table():
     assert dispatch.choose_path(16, 5376, 21504, 64) == "dequant+matmul"
     assert dispatch.choose_path(32, 57344, 8192, 64) == "dequant+matmul"
     assert dispatch.choose_path(512, 8192, 8192, 64) == "dequant+matmul"
+    assert dispatch.choose_path(64, 57344, 8192, 64) == "dequant+matmul"  # no wgmma build (CPU, Ampere, ...)
+
+
+def test_wgmma_dispatch_on_model_shapes():
+    """Where the Hopper kernel takes over from dequantize + cuBLAS (H200, benchmarks/probe_wgmma.py): every weight
+    of >= 32M elements at M <= 64, >= 100M at M <= 128, the big and the wide ones at M <= 256, none above."""
+    from fastnf4.bench.harness import model_shapes
+
+    def path(m, n, k):
+        return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n), wgmma_ok=True)
+
+    taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
+             for mm in (32, 33, 64, 65, 128, 256, 257, 512, 2048)}
+    assert taken[32] == [] and taken[257] == taken[512] == taken[2048] == []
+    assert taken[33] == taken[64]
+    assert (4096, 5376) not in taken[64] and (5376, 4096) not in taken[64]  # Gemma q / o lost at M = 64
+    assert {(8192, 5120), (5120, 8192), (10240, 8192), (8192, 5376)} <= set(taken[64])
+    assert (10240, 8192) not in taken[128] and (5120, 8192) not in taken[128]  # qkv / o lost at M = 128
+    assert {(57344, 8192), (28672, 8192), (8192, 28672), (25600, 5120), (5120, 25600), (21504, 5376)} <= set(taken[128])
+    assert taken[65] == taken[128]
+    assert set(taken[256]) == {(57344, 8192), (28672, 8192), (8192, 28672), (51200, 5120), (25600, 5120),
+                               (43008, 5376), (21504, 5376)}  # not the narrow downs of Qwen / Gemma
+
+
+def test_eager_plan_key_follows_the_wgmma_buckets():
+    """One eager plan serves all M with the same ``m_key``: the dispatcher must then take the same path for all."""
+    from fastnf4.ops.matmul import eager
+
+    assert eager.MAX_M == dispatch.MMA_MAX_M
+    shapes = [(57344, 8192), (8192, 28672), (5120, 25600), (10240, 8192), (5120, 8192), (4096, 5376), (25600, 5120)]
+    by_key = {}
+    for m in range(1, 700):
+        for n, k in shapes:
+            by_key.setdefault((eager.m_key(m), n, k), set()).add(dispatch.wgmma_wanted(m, n, k))
+    assert all(len(v) == 1 for v in by_key.values())
+
+
+@pytest.mark.parametrize("m", [33, 64, 100, 128, 200, 256, 1000])
+@pytest.mark.parametrize("n, k", [(57344, 8192), (4096, 5376), (200, 192), (8192, 64)])
+def test_wgmma_plan_covers_k(m, n, k):
+    from fastnf4.ops.matmul import wgmma
+
+    bm = wgmma.block_m(m)
+    assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == 64 or bm // 2 < m)
+    s, per = wgmma.plan(m, n, k, 132, bm)
+    steps = k // wgmma.STEP
+    assert s >= 1 and s * per >= steps and (s - 1) * per < steps  # every split has work, all of K is covered
+    tiles = -(-m // bm) * -(-n // wgmma.ROWS)
+    assert s == 1 or (tiles < 132 and per >= 8)
+
+
+def test_wgmma_not_supported_off_hopper():
+    from fastnf4.ops.matmul import wgmma
+
+    x = torch.zeros(64, 128, dtype=torch.bfloat16)
+    assert not wgmma.supports(x, torch.zeros(64 * 64, dtype=torch.uint8), 64, 128, 128)
+
+
+def test_wgmma_wrappers_are_the_generated_ones():
+    """The long wgmma operand lists in wgmma.cu are benchmarks/gen_wgmma.py's output, verbatim."""
+    import importlib.util
+    import pathlib
+
+    from fastnf4.ops.matmul import wgmma
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gen_wgmma", root / "benchmarks" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.wrappers() in pathlib.Path(wgmma.SOURCE).read_text()
 
 
 def test_linear_errors():
@@ -123,6 +193,18 @@ def test_gemv_mma_source_compiles(arch, tmp_path):
     dll = ctypes.CDLL(lib)  # loads without a GPU; the C entry points are exported
     dll.fastnf4_gemv_mma_params_size.restype = ctypes.c_int
     assert dll.fastnf4_gemv_mma_params_size() == ctypes.sizeof(gemv_mma.Params)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_wgmma_source_compiles(tmp_path):
+    import ctypes
+
+    from fastnf4 import _cuda
+    from fastnf4.ops.matmul import wgmma
+
+    dll = ctypes.CDLL(_cuda.compile_source(wgmma.SOURCE, "sm_90a", out_dir=str(tmp_path)))
+    dll.fastnf4_wgmma_params_size.restype = ctypes.c_int
+    assert dll.fastnf4_wgmma_params_size() == ctypes.sizeof(wgmma.Params)
 
 
 def test_small_weight_kernel_takes_the_kv_projections():

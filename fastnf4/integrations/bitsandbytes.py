@@ -160,8 +160,7 @@ _MAX_PREPARED = 4096
 
 
 def _launch_key(A, B, shapeB, blocksize, quant_type, tensors, bias):
-    """The key of a call with x contiguous and 16-byte aligned on a GPU (M <= 32 each M apart, larger M as one),
-    else None."""
+    """The key of a call with x contiguous and 16-byte aligned on a GPU (M by ``eager.m_key``), else None."""
     if not A.is_cuda or A.dim() == 0 or len(shapeB) != 2 or not A.is_contiguous() or A.data_ptr() % 16:
         return None
     n, k = shapeB
@@ -170,7 +169,7 @@ def _launch_key(A, B, shapeB, blocksize, quant_type, tensors, bias):
     m = A.numel() // k
     if m == 0:
         return None
-    return (A.dtype, m if m <= eager.MAX_M else 0, A.get_device(), B.data_ptr(), B.is_contiguous(),
+    return (A.dtype, eager.m_key(m), A.get_device(), B.data_ptr(), B.is_contiguous(),
             B.numel() * B.element_size(), n, k, blocksize, quant_type,
             bias.data_ptr() if bias is not None else 0, None if bias is None else bias.dtype,
             *[(t.data_ptr(), t.dtype, t.numel(), t.is_contiguous()) if t is not None else None for t in tensors])

@@ -9,6 +9,8 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | (M <= 16) / N >= 8192 (M <= 32): ``MMA_MIN_N``; at M <= 2 the   |
 |                           | weights of <= 12M / 9M elements (k/v projections) take its      |
 |                           | CUDA-core small-weight kernel (``gemv_mma.SMALL_MAX_ELEMS``)    |
+| 33 .. 256 (sm_90, CUDA   | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
+| build there)              | where it beat dequantize + cuBLAS (``wgmma_wanted``)             |
 | 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
@@ -36,7 +38,7 @@ import functools
 import torch
 
 from ..dequantize import kernel as dq_kernel
-from . import gemv_mma, kernel
+from . import gemv_mma, kernel, wgmma
 
 # CUDA tensor-core kernels (gemv_mma.cu) where they are built, the shape fits and they win: above M = 8 the GEMM
 # kernel loses to dequantize + cuBLAS on narrow weights (H200, bench matmul of 5bc03c5, NOTES.md session 4: k+v
@@ -63,9 +65,28 @@ def mma_wanted(m: int, n: int) -> bool:
     return any(m <= mm and n >= nn for mm, nn in MMA_MIN_N)
 
 
-def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False) -> str:
+# wgmma.cu (Hopper) for 32 < M <= 256 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200
+# (benchmarks/probe_wgmma.py, results/h200-probe-wgmma.json; NOTES.md session 8). Per M bucket, the smallest
+# weight (N * K elements) that takes it; at M = 256 also wide weights (N >= 16384) from 100M elements. It loses on
+# smaller weights (too few 128-row tiles for 132 SMs: split-K and its float32 pass) and above M = 256.
+WGMMA_MIN_ELEMS = ((64, 32 * 2**20), (128, 100 * 2**20), (256, 200 * 2**20))
+WGMMA_WIDE = (256, 16384, 100 * 2**20)  # (M bucket, smallest N, smallest N * K)
+
+
+def wgmma_wanted(m: int, n: int, k: int) -> bool:
+    if m <= MMA_MAX_M:
+        return False
+    for mm, elems in WGMMA_MIN_ELEMS:
+        if m <= mm:
+            return n * k >= elems or (mm == WGMMA_WIDE[0] and n >= WGMMA_WIDE[1] and n * k >= WGMMA_WIDE[2])
+    return False
+
+
+def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wgmma_ok: bool = False) -> str:
     if mma_ok and mma_wanted(m, n):
         return "mma"
+    if wgmma_ok and wgmma_wanted(m, n, k):
+        return "wgmma"
     if kernel.group_elems(k, blocksize) == 0:
         return "dequant+matmul"
     if m <= GEMV_MAX_M:
@@ -87,7 +108,9 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
     m = x2d.shape[0]
     mma_ok = (not manual_bf16 and mma_wanted(m, n)
               and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
-    return choose_path(m, n, k, blocksize, mma_ok)
+    wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k)
+                and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
+    return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok)
 
 
 def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
@@ -100,6 +123,8 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
     w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
     if path == "mma":
         return gemv_mma.launch(x2d, *w, bias)
+    if path == "wgmma":
+        return wgmma.launch(x2d, *w, bias)
     if path == "dequant+matmul":
         wd = torch.empty(n * k, dtype=x2d.dtype, device=x2d.device)
         dq_kernel.launch(packed, absmax, code, wd, blocksize, n * k, nested_code, nested_absmax, offset,

@@ -21,12 +21,14 @@ import weakref
 
 import torch
 
+from .wgmma import Prepared as WgmmaPrepared  # (no Triton import)
+
 # NF4Weight -> {(dtype, M, device index): (addresses, bias, Prepared | None)}. Kept beside the weights, not in
 # them, so that copying, deep-copying or pickling an NF4Weight never meets a ctypes object.
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MAX_PLANS = 64  # per weight: bounds odd uses (many dtypes / devices)
 MAX_M = 32  # dispatch.MMA_MAX_M (not imported here: that would import Triton with fastnf4); a test ties the two.
-# Above it every call takes dequantize + cuBLAS, so one entry (M key 0) serves all prefill lengths.
+# Above it the path depends only on the wgmma bucket of M (dispatch.wgmma_wanted), so one entry serves each bucket.
 
 
 def forget(q) -> None:
@@ -38,6 +40,14 @@ def _addresses(q) -> tuple:
     """The storage the kernels read, which must not have moved since an entry was built (``.data`` swaps)."""
     return (q.packed.data_ptr(), q.absmax.data_ptr(),
             q.nested_absmax.data_ptr() if q.nested_absmax is not None else 0)
+
+
+def m_key(m: int) -> int:
+    """The part of a plan's key that M decides: M itself up to 32, then its wgmma bucket (M <= 64 / 128 / 256, the
+    dispatcher's thresholds: ``dispatch.wgmma_wanted``), then 0 for every larger M."""
+    if m <= MAX_M:
+        return m
+    return -(64 if m <= 64 else 128 if m <= 128 else 256 if m <= 256 else 0)
 
 
 def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -57,7 +67,7 @@ def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | 
     if x.data_ptr() % 16:
         return None
     m = x.numel() // k
-    key = (x.dtype, m if m <= MAX_M else 0, x.get_device())  # every M > 32 takes dequantize + cuBLAS
+    key = (x.dtype, m_key(m), x.get_device())
     plans = _PLANS.get(q)
     entry = plans.get(key) if plans is not None else None
     if entry is None or entry[1] is not bias or entry[0] != _addresses(q):
@@ -87,7 +97,8 @@ def _build(x2d: torch.Tensor, q, bias, key):
 def prepare(x2d: torch.Tensor, args: tuple):
     """The launch for x2d's M, dtype and device and the ``fastnf4::linear`` arguments ``args``: check the call as
     the op contract does (raises on bad input exactly as the full path would), pick the path as the dispatcher
-    does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``DequantMatmul`` (M > 32) or ``None`` (any other path).
+    does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``wgmma.Prepared`` or a ``DequantMatmul`` (M > 32) or
+    ``None`` (any other path).
     Shared by ``try_linear`` and the bitsandbytes patch."""
     from ... import _ops
     from . import dispatch, gemv_mma
@@ -97,6 +108,8 @@ def prepare(x2d: torch.Tensor, args: tuple):
     path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize)
     if path == "mma":
         return gemv_mma.Prepared(x2d, *args)
+    if path == "wgmma":
+        return WgmmaPrepared(*args)
     if path == "dequant+matmul" and x2d.shape[0] > MAX_M:
         return DequantMatmul(x2d.dtype, *args)
     return None
@@ -107,6 +120,9 @@ def run(prepared, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.T
     for; for a ``gemv_mma.Prepared`` also the same bias) and give the output x's leading shape."""
     if type(prepared) is DequantMatmul:
         return prepared(x, bias)
+    if type(prepared) is WgmmaPrepared:
+        y = prepared(x.view(-1, x.shape[-1]), bias)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
     y = prepared(x)  # [M, N]
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 

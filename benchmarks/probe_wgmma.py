@@ -1,0 +1,83 @@
+"""Prefill-size wgmma kernel (wgmma.cu) on the H200: correctness on odd shapes first (poisoned outputs, error against
+a float64 reference on the dequantized weight relative to cuBLAS's on the same weight), then graph timing against
+bf16 cuBLAS and fastnf4 dequantize + cuBLAS for every model weight of >= 8 MB packed.
+usage: python benchmarks/probe_wgmma.py [JSON] [--quick]"""
+import json
+import sys
+
+import torch
+
+import fastnf4
+from fastnf4.api import linear_args
+from fastnf4.bench.common import clone_weight
+from fastnf4.bench.harness import model_shapes, rotation_count, time_graph
+from fastnf4.ops.matmul import wgmma
+
+torch.manual_seed(0)
+out = {"check": [], "time": []}
+worst = 0.0
+fails = 0
+for dtype in (torch.bfloat16, torch.float16):
+    for (m, n, k, bs, nested, bias, bm, splits) in [
+        (33, 128, 64, 64, True, False, None, None), (64, 200, 192, 64, False, True, None, None),
+        (100, 4096, 4096, 64, True, True, None, None), (128, 1000, 5376, 128, True, False, None, None),
+        (257, 640, 1024, 256, False, False, None, None), (512, 384, 8192, 4096, True, True, None, None),
+        (129, 4096, 2048, 64, True, False, 256, None), (300, 1024, 4096, 64, True, True, 128, 4),
+        (40, 8192, 1024, 64, False, False, 64, 3), (2048, 256, 512, 1024, True, False, None, None),
+    ]:
+        w = torch.randn(n, k, dtype=dtype, device="cuda") * 0.02
+        q = fastnf4.quantize(w, blocksize=bs, double_quant=nested)
+        wd = fastnf4.dequantize(q, dtype)
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
+        ref = x.double() @ wd.double().T + (b.double() if bias else 0)
+        y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        wgmma.launch(x, *linear_args(q, b), y=y, bm=bm, splits=splits)
+        torch.cuda.synchronize()
+        rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+        cub = torch.nn.functional.linear(x, wd, b)
+        ratio = rel(y) / rel(cub)
+        ok = bool(torch.isfinite(y).all()) and ratio <= 2.0
+        fails += not ok
+        worst = max(worst, ratio)
+        out["check"].append(dict(dtype=str(dtype), M=m, N=n, K=k, blocksize=bs, nested=nested, bias=bias, bm=bm,
+                                 splits=splits, err_ratio=ratio, ok=ok))
+        if not ok or "--verbose" in sys.argv:
+            print(f"check {str(dtype)[6:]:8} M{m:5d} N{n:5d} K{k:5d} bs{bs:5d} nested {int(nested)} bias {int(bias)} "
+                  f"bm {bm} splits {splits}: err x{ratio:.3f} {'ok' if ok else 'FAIL'}", flush=True)
+print(f"checks: {fails} failed, worst error ratio {worst:.3f}", flush=True)
+if fails:
+    sys.exit(1)
+
+quick = "--quick" in sys.argv
+seen = set()
+ms = (64, 128, 512, 2048) if quick else (64, 128, 256, 512, 2048)
+for model, layer, n, k in model_shapes():
+    if (n, k) in seen or n * k // 2 < 8e6:
+        continue
+    seen.add((n, k))
+    if quick and model != "llama-3.3-70b" and layer not in ("o", "gate_up"):
+        continue
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+    reps_q = rotation_count(q.nbytes())
+    qs = [q] + [clone_weight(q) for _ in range(reps_q - 1)]
+    reps_w = rotation_count(n * k * 2)
+    ws = [w] + [w.clone() for _ in range(reps_w - 1)]
+    for m in ms:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        row = dict(model=model, layer=layer, N=n, K=k, M=m)
+        row["cublas_us"] = time_graph([lambda i=i: x @ ws[i].T for i in range(reps_w)])["median_us"]
+        row["dq_cublas_us"] = time_graph([lambda i=i: x @ fastnf4.dequantize(qs[i]).T for i in range(reps_q)])["median_us"]
+        for bm in ((64, 128) if m <= 64 else (128, 256)):
+            row[f"wg{bm}_us"] = time_graph([lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=bm)
+                                            for i in range(reps_q)])["median_us"]
+        best = min(v for kk, v in row.items() if kk.startswith("wg"))
+        row["vs_cublas"] = row["cublas_us"] / best
+        out["time"].append(row)
+        print(f"{model[:6]:6} {layer[:8]:8} {n:6d}x{k:<6d} M{m:5d} cuBLAS {row['cublas_us']:8.1f} dq+cuBLAS "
+              f"{row['dq_cublas_us']:8.1f} " + " ".join(f"{kk[:-3]} {v:8.1f}" for kk, v in row.items()
+                                                       if kk.startswith("wg")) + f"  x{row['vs_cublas']:.2f}",
+              flush=True)
+if len(sys.argv) > 1 and not sys.argv[1].startswith("--"):
+    json.dump(out, open(sys.argv[1], "w"), indent=1)

@@ -1,0 +1,31 @@
+"""Where the wgmma kernel's time goes: graph timing of a few shapes for one build (FASTNF4_NVCC_FLAGS selects
+diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA), against bf16 cuBLAS in the same process.
+usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON]"""
+import json
+import os
+import sys
+
+import torch
+
+import fastnf4
+from fastnf4.api import linear_args
+from fastnf4.bench.common import clone_weight
+from fastnf4.bench.harness import rotation_count, time_graph
+from fastnf4.ops.matmul import wgmma
+
+label = sys.argv[1]
+rows = []
+for n, k, m, bm in ((57344, 8192, 128, 128), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
+                    (8192, 8192, 512, 256), (57344, 8192, 512, 128), (57344, 8192, 512, 256)):
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+    reps = rotation_count(q.nbytes())
+    qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    t = time_graph([lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=bm) for i in range(reps)])["median_us"]
+    c = time_graph([lambda: x @ w.T])["median_us"]
+    rows.append(dict(label=label, flags=os.environ.get("FASTNF4_NVCC_FLAGS", ""), N=n, K=k, M=m, bm=bm, us=t,
+                     cublas_us=c))
+    print(f"{label:10} {n:6d}x{k:<6d} M{m:5d} bm{bm:4d}: {t:8.1f} us (cuBLAS {c:8.1f}, x{c / t:.2f})", flush=True)
+if len(sys.argv) > 2:
+    json.dump(rows, open(sys.argv[2], "w"), indent=1)

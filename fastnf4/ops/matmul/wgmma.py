@@ -1,0 +1,158 @@
+"""Host side of ``wgmma.cu``: the prefill-size (M > 32) NF4 matmul on Hopper's warpgroup tensor cores.
+
+Built for ``sm_90a`` only (wgmma does not exist elsewhere); ``supports`` says whether a call can take it,
+``launch`` runs it on the current stream (no host synchronisation; capturable in a CUDA graph once the
+library is loaded: ``supports`` loads it).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+
+from ... import _cuda
+
+SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
+STEP = 64          # K per pipeline step (kStep)
+ROWS = 128         # weight rows per block (kBN)
+BLOCK_M = (64, 128, 256)
+_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+
+
+class Params(ctypes.Structure):
+    _fields_ = [
+        ("packed", ctypes.c_void_p), ("absmax", ctypes.c_void_p), ("nested_code", ctypes.c_void_p),
+        ("nested_absmax", ctypes.c_void_p), ("offset", ctypes.c_void_p), ("code", ctypes.c_void_p),
+        ("x", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("y32", ctypes.c_void_p),
+        ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong),
+        ("log2_blocksize", ctypes.c_longlong), ("steps_per_split", ctypes.c_longlong),
+    ]
+
+
+class _Lib:
+    def __init__(self, lib: ctypes.CDLL, index: int):
+        self.lib = lib
+        self.sms = torch.cuda.get_device_properties(index).multi_processor_count
+        lib.fastnf4_wgmma.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        lib.fastnf4_wgmma.restype = ctypes.c_int
+        lib.fastnf4_wgmma_ready.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.fastnf4_wgmma_ready.restype = ctypes.c_int
+        lib.fastnf4_wgmma_params_size.restype = ctypes.c_int
+        if lib.fastnf4_wgmma_params_size() != ctypes.sizeof(Params):
+            raise RuntimeError("wgmma.cu Params layout differs from the ctypes mirror")
+        # every variant's attributes set now: this loads the module, so a launch inside a graph capture never
+        # triggers lazy loading
+        self.ready = {(d, bm, nested): lib.fastnf4_wgmma_ready(d, bm, nested)
+                      for d in (0, 1) for bm in BLOCK_M for nested in (0, 1)}
+
+
+@functools.cache
+def _lib_for(index: int) -> _Lib | None:
+    if torch.cuda.get_device_capability(index) != (9, 0):
+        return None  # wgmma is sm_90a only; other GPUs take the other paths
+    if not _cuda.enabled():
+        return None
+    try:
+        extra = tuple(os.environ.get("FASTNF4_NVCC_FLAGS", "").split())  # experiments (benchmarks/probe_wgmma*.py)
+        lib = ctypes.CDLL(_cuda.compile_source(SOURCE, "sm_90a", extra=extra))
+    except (RuntimeError, OSError):
+        return None
+    return _Lib(lib, index)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k: int, nested: bool = False,
+             nested_blocksize: int = 256) -> bool:
+    """Shapes and layouts the kernel handles (Hopper only); everything else takes the other paths."""
+    if not (x2d.is_cuda and x2d.dtype in _DTYPES and x2d.dim() == 2 and x2d.shape[0] >= 1):
+        return False
+    if k % STEP or x2d.shape[0] * k * 2 >= 2**31 or blocksize < STEP or blocksize & (blocksize - 1):
+        return False
+    if nested and nested_blocksize != 256:  # the kernel indexes nested statistics with block >> 8
+        return False
+    if packed.data_ptr() % 16 or x2d.data_ptr() % 16 or not x2d.is_contiguous():
+        return False
+    lib = _lib_for(_index(x2d.device))
+    return lib is not None and lib.ready[(_DTYPES[x2d.dtype], block_m(x2d.shape[0]), int(nested))] > 0
+
+
+def block_m(m: int) -> int:
+    """x rows per block: the smallest of 64 / 128 / 256 covering M (H200: each is the fastest in its range)."""
+    return 64 if m <= 64 else 128 if m <= 128 else 256
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(m: int, n: int, k: int, sms: int, bm: int) -> tuple[int, int]:
+    """(splits, steps per split): split K when the output tiles alone would leave SMs idle (one block per SM)."""
+    steps = k // STEP
+    tiles = -(-m // bm) * -(-n // ROWS)
+    if tiles >= sms:
+        return 1, steps
+    want = min(-(-sms // tiles), max(1, steps // 8))  # at least 8 steps per split
+    per = -(-steps // want)
+    return -(-steps // per), per
+
+
+class Prepared:
+    """One weight's launch arguments worked out once (addresses only: it keeps no tensor alive); a call fills in
+    x, y, M and the split-K workspace and launches. Any M the kernel supports; the dispatcher decides which."""
+
+    __slots__ = ("lib", "index", "n", "k", "nested", "params", "holds_tensors")
+
+    def __init__(self, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
+                 bias=None):
+        self.index = _index(packed.device)
+        self.lib = _lib_for(self.index)
+        if self.lib is None:
+            raise RuntimeError("the wgmma kernel is not available on this GPU")
+        self.n, self.k, self.nested = n, k, nested_code is not None
+        self.holds_tensors = False
+        self.params = Params(
+            packed=packed.data_ptr(), absmax=absmax.data_ptr(),
+            nested_code=nested_code.data_ptr() if self.nested else None,
+            nested_absmax=nested_absmax.data_ptr() if self.nested else None,
+            offset=offset.data_ptr() if self.nested else None, code=code.data_ptr(),
+            N=n, K=k, log2_blocksize=blocksize.bit_length() - 1,
+        )
+
+    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None = None, y: torch.Tensor | None = None,
+                 bm: int | None = None, splits: int | None = None) -> torch.Tensor:
+        """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias)."""
+        m, n, k = x2d.shape[0], self.n, self.k
+        bm = bm or block_m(m)
+        steps = k // STEP
+        if splits is None:
+            s, per = plan(m, n, k, self.lib.sms, bm)
+        else:
+            per = -(-steps // splits)
+            s = -(-steps // per)
+        if y is None:
+            y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+        y32 = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
+        p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
+        p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per
+        p.bias = bias.data_ptr() if bias is not None and s == 1 else None
+        p.y32 = y32.data_ptr() if y32 is not None else None
+        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), -(-m // bm),
+                                        -(-n // ROWS), s, torch._C._cuda_getCurrentRawStream(self.index))
+        if rc != 0:
+            raise RuntimeError(f"wgmma launch failed (cudaError {rc})")
+        if y32 is not None:  # split-K: partial sums added in a fixed order (deterministic), bias, one rounding
+            total = y32.sum(0)
+            if bias is not None:
+                total += bias.float()
+            y.copy_(total)
+        return y
+
+
+def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
+           y: torch.Tensor | None = None, bm: int | None = None, splits: int | None = None) -> torch.Tensor:
+    """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` force a variant (probes)."""
+    return Prepared(packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
+                    nested_blocksize)(x2d, bias, y, bm, splits)

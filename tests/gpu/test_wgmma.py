@@ -1,0 +1,91 @@
+"""The Hopper prefill kernel (ops/matmul/wgmma.cu) on the GPU.
+
+It multiplies by exactly the dequantized weight (float32 code x float32 absmax, one rounding to the input dtype,
+as ``dequantize``), so against a float64 product of x and the dequantized weight its error must match that of
+cuBLAS on the same weight (accumulation order and output rounding only): ratio within 1.1, on fresh random data,
+outputs poisoned with NaN first. The shapes cover odd M (partial x tiles), N off the 128-row tile, K = 64 and
+K = 64 x odd, every x-rows-per-block variant, forced split-K, both dtypes, double quant on and off, blocksizes
+64 to 4096, bias.
+"""
+import pytest
+import torch
+
+import fastnf4
+from fastnf4.api import linear_args
+from fastnf4.ops.matmul import dispatch, wgmma
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _needs_build():
+    x = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
+    if not wgmma.supports(x, torch.zeros(64, dtype=torch.uint8, device="cuda"), 64, 128, 64):
+        pytest.skip("wgmma kernel not available here (needs sm_90 and nvcc)")
+
+
+def _rel(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def _check(q, m, dtype, bias, **force):
+    n, k = q.shape
+    wd = fastnf4.dequantize(q, dtype)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    ref = x.double() @ wd.double().T + (bias.double() if bias is not None else 0)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    wgmma.launch(x, *linear_args(q, bias), y=y, **force)
+    assert torch.isfinite(y).all()
+    cublas = torch.nn.functional.linear(x, wd, bias)
+    assert _rel(y, ref) <= 1.1 * _rel(cublas, ref)
+
+
+@pytest.mark.parametrize("n, k", [(200, 64), (1000, 576), (4096, 2048)])
+@pytest.mark.parametrize("blocksize", [64, 256, 4096])
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matches_cublas_on_the_dequantized_weight(n, k, blocksize, nested, dtype):
+    torch.manual_seed(n + k + blocksize)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
+                         double_quant=nested)
+    for m in (33, 64, 100, 129, 256, 300):
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
+        _check(q, m, dtype, bias)
+
+
+@pytest.mark.parametrize("bm", wgmma.BLOCK_M)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_every_variant_and_split_k(bm, splits):
+    torch.manual_seed(bm + splits)
+    q = fastnf4.quantize(torch.randn(384, 1536, device="cuda", dtype=torch.bfloat16) * 0.05)
+    for m in (40, 64, 130, 257):
+        _check(q, m, torch.bfloat16, torch.randn(384, device="cuda", dtype=torch.bfloat16), bm=bm, splits=splits)
+
+
+def test_dispatch_takes_it_and_graph_replays_equal():
+    torch.manual_seed(1)
+    q = fastnf4.quantize(torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16) * 0.02)
+    x = torch.randn(64, 5120, device="cuda", dtype=torch.bfloat16)
+    assert dispatch.pick_path(x, q.packed_u8, 64, 8192, 5120, True, 256) == "wgmma"
+    y = fastnf4.linear(x, q)
+    ref = x.double() @ fastnf4.dequantize(q).double().T
+    assert _rel(y, ref) <= 1.1 * _rel(x @ fastnf4.dequantize(q).T, ref)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = fastnf4.linear(x, q)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    assert torch.equal(yg, fastnf4.linear(x, q))  # split-K partials are added in a fixed order: bitwise repeatable
+
+
+def test_unsupported_shapes_fall_back():
+    x = torch.zeros(64, 96, device="cuda", dtype=torch.bfloat16)
+    packed = torch.zeros(64 * 48, dtype=torch.uint8, device="cuda")
+    assert not wgmma.supports(x, packed, 64, 64, 96)  # K not a multiple of 64
+    x = torch.zeros(64, 128, device="cuda", dtype=torch.bfloat16)
+    assert not wgmma.supports(x, packed, 32, 64, 128)  # blocksize 32
+    assert not wgmma.supports(x.float(), packed, 64, 64, 128)  # fp32 x
+    q = fastnf4.quantize(torch.randn(4096, 96, device="cuda", dtype=torch.bfloat16))
+    x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
+    ref = x.double() @ fastnf4.dequantize(q).double().T
+    assert _rel(fastnf4.linear(x, q), ref) < 1e-2
