@@ -46,17 +46,19 @@ def test_bitwise_equal_to_full_path(nested, dtype):
     assert _prepared(q), "the fast path was never taken"
 
 
-def test_one_entry_per_decode_size_and_one_for_prefill():
+def test_one_entry_per_decode_size_and_one_per_prefill_bucket():
+    # prefill M share an entry within a wgmma bucket (eager.m_key: <= 64, <= 128, <= 256, above); this weight is
+    # too small for the wgmma kernel, so every bucket holds dequantize + cuBLAS
     q = fastnf4.quantize(torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16))
-    for m in (1, 1, 8, 64, 100, 2048):
+    for m in (1, 1, 8, 64, 40, 100, 2048, 1000):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         assert torch.equal(fastnf4.linear(x, q), _full(x, q))
     kinds = sorted(type(p).__name__ for p in _prepared(q))
-    assert kinds == ["DequantMatmul", "Prepared", "Prepared"], kinds
-    # the prefill entry launches through the compiled kernel's runner once it was checked against a normal launch
+    assert kinds == ["DequantMatmul"] * 3 + ["Prepared", "Prepared"], kinds
+    # the prefill entries launch through the compiled kernel's runner once it was checked against a normal launch
     from fastnf4.ops.dequantize import kernel as dq_kernel
     assert dq_kernel._RUNNER_CHECKED == [True]
-    assert [p for p in _prepared(q) if type(p).__name__ == "DequantMatmul"][0].dq.runner is not None
+    assert all(p.dq.runner is not None for p in _prepared(q) if type(p).__name__ == "DequantMatmul")
 
 
 def test_stale_launches_are_never_used():
