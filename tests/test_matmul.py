@@ -116,7 +116,7 @@ def test_wgmma_plan_covers_k(m, n, k):
 
     bm = wgmma.block_m(m)
     assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == 64 or bm // 2 < m)
-    s, per = wgmma.plan(m, n, k, 132, bm)
+    s, per = wgmma.plan(m, n, k, 132, bm)  # 132 resident blocks
     steps = k // wgmma.STEP
     assert s >= 1 and s * per >= steps and (s - 1) * per < steps  # every split has work, all of K is covered
     tiles = -(-m // bm) * -(-n // wgmma.ROWS)

@@ -12,7 +12,7 @@
 // code pairs already rounded to bf16 with HMUL2 was 1.6-2.4x cuBLAS's error: over the 2x budget.) x is the B
 // operand, read by wgmma from a 128-byte-swizzled shared-memory tile (BM rows x 128 bytes per step).
 //
-// Pipeline: a ring of kStages shared-memory stages (x tile + 4 KiB of packed weights), filled by cp.async two
+// Pipeline: a ring of kStages shared-memory stages (x tile + 4 KiB of packed weights), filled by cp.async
 // steps ahead; each step issues its four wgmma asynchronously and waits for the previous step's, so the decode
 // of step j + 1 overlaps the tensor-core work of step j. Statistics (absmax, or the 8-bit double-quant codes) are
 // loaded one step ahead into registers; blocksize must be a multiple of 64 (one absmax per row per step).
@@ -50,11 +50,14 @@ struct Params {
 constexpr int kBN = 128;        // weight rows per block: two warpgroups x 64
 constexpr int kStep = 64;       // K per step
 constexpr int kThreads = 256;
-constexpr int kStages = 4;      // ring stages; loads run kStages - 2 steps ahead (see the main loop)
 constexpr int kWBytes = kBN * kStep / 2;
 constexpr int kTableBytes = 256 * 256;  // float2 entry v of lane l at byte 256 v + 8 l (PRMT builds the offset)
 
 template <int BM> struct Cfg {
+  // ring stages (loads run kStages - 1 steps ahead, see the main loop) and resident blocks per SM: BM = 64 fits
+  // two blocks (3 stages, <= 128 registers), the others one
+  static constexpr int kStages = BM == 64 ? 3 : 4;
+  static constexpr int kBlocks = BM == 64 ? 2 : 1;
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
   static constexpr int kStageBytes = kXBytes + kWBytes;
   static constexpr int kRing = kStages * kStageBytes;
@@ -290,9 +293,9 @@ __device__ __forceinline__ float absmax_of(const Stat<kNested>& s, const float* 
 }
 
 template <typename T, int BM, bool kNested>
-__global__ void __launch_bounds__(kThreads, 1) nf4_wgmma(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __grid_constant__ Params p) {
   using C = Cfg<BM>;
-  constexpr int kAcc = BM / 2;
+  constexpr int kAcc = BM / 2, kStages = C::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t ring_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
   uint8_t* ring = smem_raw + (ring_s - smem_addr(smem_raw));

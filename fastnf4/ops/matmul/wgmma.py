@@ -88,13 +88,14 @@ def block_m(m: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan(m: int, n: int, k: int, sms: int, bm: int) -> tuple[int, int]:
-    """(splits, steps per split): split K when the output tiles alone would leave SMs idle (one block per SM)."""
+def plan(m: int, n: int, k: int, slots: int, bm: int) -> tuple[int, int]:
+    """(splits, steps per split): split K when the output tiles alone would leave some of the ``slots`` (resident
+    blocks on the whole GPU) idle."""
     steps = k // STEP
     tiles = -(-m // bm) * -(-n // ROWS)
-    if tiles >= sms:
+    if tiles >= slots:
         return 1, steps
-    want = min(-(-sms // tiles), max(1, steps // 8))  # at least 8 steps per split
+    want = min(-(-slots // tiles), max(1, steps // 8))  # at least 8 steps per split
     per = -(-steps // want)
     return -(-steps // per), per
 
@@ -128,7 +129,8 @@ class Prepared:
         bm = bm or block_m(m)
         steps = k // STEP
         if splits is None:
-            s, per = plan(m, n, k, self.lib.sms, bm)
+            slots = self.lib.sms * self.lib.ready[(_DTYPES[x2d.dtype], bm, int(self.nested))]
+            s, per = plan(m, n, k, slots, bm)
         else:
             per = -(-steps // splits)
             s = -(-steps // per)
