@@ -66,19 +66,21 @@ def mma_wanted(m: int, n: int) -> bool:
 
 
 # wgmma.cu (Hopper) for 32 < M <= 256 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200
-# (benchmarks/probe_wgmma.py, results/h200-probe-wgmma.json; NOTES.md session 8). Per M bucket, the smallest
-# weight (N * K elements) that takes it; at M = 256 also wide weights (N >= 16384) from 100M elements. It loses on
-# smaller weights (too few 128-row tiles for 132 SMs: split-K and its float32 pass) and above M = 256.
-WGMMA_MIN_ELEMS = ((64, 32 * 2**20), (128, 100 * 2**20), (256, 200 * 2**20))
-WGMMA_WIDE = (256, 16384, 100 * 2**20)  # (M bucket, smallest N, smallest N * K)
+# (benchmarks/probe_wgmma.py and bench matmul of d72e40e; NOTES.md session 8). Per M bucket: (largest M, smallest
+# N * K elements, smallest N), and at M = 256 also wide weights (N >= 16384) from 120M elements. It loses on smaller
+# weights (too few 128-row tiles for 132 SMs: split-K and its float32 pass), on the narrow deep ones (N ~ 5K,
+# K >= 21504) from M = 128, and above M = 256.
+WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 100 * 2**20, 8192), (256, 200 * 2**20, 8192))
+WGMMA_WIDE = (256, 16384, 120 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
 
 def wgmma_wanted(m: int, n: int, k: int) -> bool:
     if m <= MMA_MAX_M:
         return False
-    for mm, elems in WGMMA_MIN_ELEMS:
+    for mm, elems, min_n in WGMMA_MIN:
         if m <= mm:
-            return n * k >= elems or (mm == WGMMA_WIDE[0] and n >= WGMMA_WIDE[1] and n * k >= WGMMA_WIDE[2])
+            return (n * k >= elems and n >= min_n) or (
+                mm == WGMMA_WIDE[0] and n >= WGMMA_WIDE[1] and n * k >= WGMMA_WIDE[2])
     return False
 
 
