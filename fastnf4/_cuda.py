@@ -78,10 +78,11 @@ def _load(source: str, arch: str) -> ctypes.CDLL | None:
         return None
 
 
-def load(source: str, device: torch.device) -> ctypes.CDLL | None:
-    """The compiled library for ``device`` (built on first use), or None when CUDA builds are unavailable."""
+def load(source: str, device: torch.device, arch_suffix: str = "") -> ctypes.CDLL | None:
+    """The compiled library for ``device`` (built on first use), or None when CUDA builds are unavailable.
+    ``arch_suffix`` "a" builds for the architecture-specific target (``sm_90a``: wgmma)."""
     if device.type != "cuda" or not enabled():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _lock:
-        return _load(source, device_arch(index))
+        return _load(source, device_arch(index) + arch_suffix)

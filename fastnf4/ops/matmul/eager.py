@@ -21,7 +21,8 @@ import weakref
 
 import torch
 
-from .wgmma import Prepared as WgmmaPrepared  # (no Triton import)
+from . import wgmma  # (no Triton import)
+from .wgmma import Prepared as WgmmaPrepared
 
 # NF4Weight -> {(dtype, M, device index): (addresses, bias, Prepared | None)}. Kept beside the weights, not in
 # them, so that copying, deep-copying or pickling an NF4Weight never meets a ctypes object.
@@ -47,7 +48,7 @@ def m_key(m: int) -> int:
     dispatcher's thresholds: ``dispatch.wgmma_wanted``), then 0 for every larger M."""
     if m <= MAX_M:
         return m
-    return -(64 if m <= 64 else 128 if m <= 128 else 256 if m <= 256 else 0)
+    return -wgmma.block_m(m) if m <= wgmma.BLOCK_M[-1] else 0
 
 
 def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -120,10 +121,7 @@ def run(prepared, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.T
     for; for a ``gemv_mma.Prepared`` also the same bias) and give the output x's leading shape."""
     if type(prepared) is DequantMatmul:
         return prepared(x, bias)
-    if type(prepared) is WgmmaPrepared:
-        y = prepared(x.view(-1, x.shape[-1]), bias)
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
-    y = prepared(x)  # [M, N]
+    y = prepared(x.view(-1, x.shape[-1]), bias) if type(prepared) is WgmmaPrepared else prepared(x)  # [M, N]
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 

@@ -53,14 +53,8 @@ class _Lib:
 def _lib_for(index: int) -> _Lib | None:
     if torch.cuda.get_device_capability(index) != (9, 0):
         return None  # wgmma is sm_90a only; other GPUs take the other paths
-    if not _cuda.enabled():
-        return None
-    try:
-        extra = tuple(os.environ.get("FASTNF4_NVCC_FLAGS", "").split())  # experiments (benchmarks/probe_wgmma*.py)
-        lib = ctypes.CDLL(_cuda.compile_source(SOURCE, "sm_90a", extra=extra))
-    except (RuntimeError, OSError):
-        return None
-    return _Lib(lib, index)
+    lib = _cuda.load(SOURCE, torch.device("cuda", index), arch_suffix="a")  # FASTNF4_NVCC_FLAGS: probe variants
+    return None if lib is None else _Lib(lib, index)
 
 
 def _index(device: torch.device) -> int:
