@@ -48,6 +48,8 @@ for dtype in (torch.bfloat16, torch.float16):
 print(f"checks: {fails} failed, worst error ratio {worst:.3f}", flush=True)
 if fails:
     sys.exit(1)
+if "--checks" in sys.argv:
+    sys.exit(0)
 
 quick = "--quick" in sys.argv
 seen = set()

@@ -1,5 +1,6 @@
 """Where the wgmma kernel's time goes: graph timing of a few shapes for one build (FASTNF4_NVCC_FLAGS selects
-diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA), against bf16 cuBLAS in the same process.
+diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA,
+-DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_NO_SYNC), against bf16 cuBLAS in the same process.
 usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON]"""
 import json
 import os
@@ -15,8 +16,9 @@ from fastnf4.ops.matmul import wgmma
 
 label = sys.argv[1]
 rows = []
-for n, k, m, bm in ((57344, 8192, 128, 128), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
-                    (8192, 8192, 512, 256), (57344, 8192, 512, 128), (57344, 8192, 512, 256)):
+for n, k, m, bm in ((57344, 8192, 64, 64), (57344, 8192, 128, 128), (57344, 8192, 256, 256),
+                    (57344, 8192, 512, 256), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
+                    (5120, 8192, 128, 128)):
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w, blocksize=64, double_quant=True)
     reps = rotation_count(q.nbytes())

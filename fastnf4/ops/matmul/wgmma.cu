@@ -6,22 +6,29 @@
 // exactly the m16n8k16 A fragment (lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, k pairs 2t and
 // 2t + 8), so the decoded weight never touches shared or global memory. One packed byte is one k pair: lane t
 // takes byte t of every 4-byte word of its two rows' 32 bytes per step, and one PRMT + one 8-byte shared-memory
-// load from a 256-entry table of float32 value pairs, replicated per lane (no bank conflicts), gives its two
-// codes; two float32 products with the block's absmax and one rounding to the input dtype make exactly the
-// dequantized weight (as ``dequantize``), so the error is that of cuBLAS on the dequantized weight. (Scaling
-// code pairs already rounded to bf16 with HMUL2 was 1.6-2.4x cuBLAS's error: over the 2x budget.) x is the B
-// operand, read by wgmma from a 128-byte-swizzled shared-memory tile (BM rows x 128 bytes per step).
+// load from a 256-entry table of float32 value pairs (16 copies: no bank conflicts) gives its two codes; two
+// float32 products with the block's absmax and one rounding to the input dtype make exactly the dequantized
+// weight (as ``dequantize``), so the error is that of cuBLAS on the dequantized weight. (Scaling code pairs already
+// rounded to bf16 with HMUL2 was 1.6-2.4x cuBLAS's error: over the 2x budget.) x is the B operand, read by wgmma
+// from a 128-byte-swizzled shared-memory tile (BM rows x 128 bytes per step).
 //
-// Pipeline: a ring of kStages shared-memory stages (x tile + 4 KiB of packed weights), filled by cp.async
-// steps ahead; each step issues its four wgmma asynchronously and waits for the previous step's, so the decode
-// of step j + 1 overlaps the tensor-core work of step j. Statistics (absmax, or the 8-bit double-quant codes) are
-// loaded one step ahead into registers; blocksize must be a multiple of 64 (one absmax per row per step).
+// Pipeline: x tiles arrive by TMA (thread 0, one 2D box per step, kXStages stages, an mbarrier each) kXStages - 1
+// steps ahead; the packed weights (4 KiB per step) by cp.async kWStages - 1 steps ahead into the unused halves of
+// the table's 256-byte entries; the statistics (absmax, or the 8-bit double-quant codes and nested absmax) by
+// cp.async once per 4 steps where they sit in aligned words ("quads"), else per step with the weights. Each step
+// issues its four wgmma asynchronously, decodes the next step's fragments while they run, then waits: the decode of
+// step j + 1 overlaps the tensor-core work of step j. One block barrier per step (the weight copies).
 // Epilogue: bias, conversion, a padded shared-memory transpose and 16-byte row stores of y; with split-K
 // (gridDim.z > 1) float32 partial sums, one [M, N] slice per split, which the caller adds up in a fixed order
 // (results do not depend on timing), with the bias, and converts.
 //
+// Copies of whole aligned 4- or 16-byte statistics words can read up to 15 bytes past the end of the absmax
+// array, never past the aligned 16-byte chunk that holds its last element (so never into another page).
+//
 // Requirements checked by the caller: sm_90, K % 64 == 0, M * K * 2 < 2^31, blocksize a power of two >= 64, x contiguous with
 // 16-byte aligned rows (K % 8 == 0 holds), packed 16-byte aligned, nested statistics in blocks of 256.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,23 +54,51 @@ struct Params {
   long long steps_per_split;   // K steps (of 64) per blockIdx.z
 };
 
+// What the kernel gets: the caller's parameters and the TMA descriptor of x (built per launch, see fastnf4_wgmma)
+struct KParams {
+  CUtensorMap xmap;  // x [M, K]: boxes of BM rows x 64 columns, 128-byte swizzle, rows past M read as zeros
+  Params p;
+};
+
 constexpr int kBN = 128;        // weight rows per block: two warpgroups x 64
 constexpr int kStep = 64;       // K per step
 constexpr int kThreads = 256;
-constexpr int kWBytes = kBN * kStep / 2;
-constexpr int kTableBytes = 256 * 256;  // float2 entry v of lane l at byte 256 v + 8 l (PRMT builds the offset)
+// Table region: 256 entries of 256 bytes. Entry v's first 128 bytes hold 16 copies of the float32 code pair
+// (copy c at + 8 c; lane l reads copy l & 15: an 8-byte shared load is served per half-warp, so 16 copies are
+// conflict-free), and PRMT builds the address (byte << 8) + 8 (lane & 15) in one instruction. The other 128 bytes
+// of each entry ("hole" v) carry the weight ring: a stage is 40 holes (32 of packed weights: row r at hole r / 4,
+// + 32 (r % 4); 4 of per-row statistics words; 4 of nested absmax), so the weights and statistics can be loaded
+// far ahead (kWStages) without taking shared memory from the x ring.
+constexpr int kTableBytes = 256 * 256;
+constexpr int kHoles = 40;
+#if defined(FASTNF4_WG_WSTAGES)  // experiments (benchmarks/diag_wgmma.sh)
+constexpr int kWStages = FASTNF4_WG_WSTAGES;
+#else
+constexpr int kWStages = 6;
+#endif
+static_assert(kWStages * kHoles <= 256, "the weight ring fits in the table's holes");
+
+// Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
+// chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
+// instead of one per step (H200: the per-step statistics copies cost 10-26% of the kernel's time); a ring of
+// three 2 KiB slots (row r: float chunk at 16 r; nested: code word at 4 r, nested absmax at 512 + 4 r).
+constexpr int kQuadSlots = 3, kQuadBytes = 2048;
 
 template <int BM> struct Cfg {
-  // ring stages (loads run kStages - 1 steps ahead, see the main loop) and resident blocks per SM: BM = 64 fits
-  // two blocks (3 stages, <= 128 registers), the others one
-  static constexpr int kStages = BM == 64 ? 3 : 4;
+  // x ring stages (x loads run kXStages - 1 steps ahead, weights kWStages - 1, see the main loop) and resident
+  // blocks per SM: BM = 64 fits two blocks (<= 128 registers), the others one
+#if defined(FASTNF4_WG_XSTAGES)
+  static constexpr int kXStages = FASTNF4_WG_XSTAGES;
+#else
+  static constexpr int kXStages = 4;
+#endif
   static constexpr int kBlocks = BM == 64 ? 2 : 1;
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
-  static constexpr int kStageBytes = kXBytes + kWBytes;
-  static constexpr int kRing = kStages * kStageBytes;
+  static constexpr int kRing = kXStages * kXBytes;
   static constexpr int kOutRow = (kBN + 8) * 2;   // bytes per staged output row (padded: no bank conflicts)
-  static constexpr int kSmem = 1024 + kRing + kTableBytes + 1024;  // alignment slack, ring, table, nested code
-  static_assert(BM * kOutRow <= kRing, "the output staging reuses the ring");
+  // alignment slack, table + weights, x ring, nested code, statistics quads, x stage barriers
+  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * kQuadBytes + 8 * kXStages;
+  static_assert(BM * kOutRow <= kRing, "the output staging reuses the x ring");
 };
 
 template <typename T> struct Pair {
@@ -229,8 +264,39 @@ template <> struct Wgmma<__half, 256> {
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+#if defined(FASTNF4_WG_L2)  // experiment: L2 prefetch size of the weight / statistics copies
+#define FASTNF4_WG_L2Q ".L2::" FASTNF4_WG_L2
+#else
+#define FASTNF4_WG_L2Q ""
+#endif
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int size) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size));
+  asm volatile("cp.async.cg.shared.global" FASTNF4_WG_L2Q " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global" FASTNF4_WG_L2Q " [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// one 2D TMA load of x: box (64 columns from k, BM rows from m) into a 1024-byte aligned stage
+__device__ __forceinline__ void tma_x(uint32_t dst, const CUtensorMap* map, int k, int m, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(m), "r"(bar) : "memory");
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int n>
@@ -266,41 +332,22 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8
   return Pair<T>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
 }
 
-// Statistics of one row for one step: the raw load (issued a step ahead) and its decode.
-template <bool kNested> struct Stat {
-  uint32_t q;   // 8-bit code (nested)
-  float a;      // absmax (plain) or nested absmax of the code's block (nested)
-};
-
-template <bool kNested>
-__device__ __forceinline__ Stat<kNested> load_stat(const Params& p, long long row, long long k0) {
-  const long long blk = (row * p.K + k0) >> p.log2_blocksize;
-  Stat<kNested> s;
-  if constexpr (kNested) {
-    s.q = __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + blk);
-    s.a = __ldg(p.nested_absmax + (blk >> 8));
-  } else {
-    s.q = 0;
-    s.a = __ldg(reinterpret_cast<const float*>(p.absmax) + blk);
-  }
-  return s;
-}
-
-template <bool kNested>
-__device__ __forceinline__ float absmax_of(const Stat<kNested>& s, const float* ncode, float offset) {
-  if constexpr (kNested) return __fadd_rn(__fmul_rn(ncode[s.q], s.a), offset);  // as bitsandbytes: two roundings
-  return s.a;
-}
-
 template <typename T, int BM, bool kNested>
-__global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __grid_constant__ KParams kp) {
   using C = Cfg<BM>;
-  constexpr int kAcc = BM / 2, kStages = C::kStages;
+  const Params& p = kp.p;
+  constexpr int kAcc = BM / 2, kXStages = C::kXStages;
+  // prefetch distances in steps: x is issued kXD steps before its wgmma, the weights and statistics kWD before
+  // their decode; copy group u (one per step) carries the weights of step u and the x tile of step u - kLag
+  constexpr int kXD = kXStages - 1, kLag = kWStages - kXD;
+  static_assert(kLag >= 0, "weights run at least as far ahead as x");
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t ring_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t ring_s = table_s + kTableBytes;
   uint8_t* ring = smem_raw + (ring_s - smem_addr(smem_raw));
-  const uint32_t table_s = ring_s + C::kRing;
-  float* ncode = reinterpret_cast<float*>(ring + C::kRing + kTableBytes);
+  float* ncode = reinterpret_cast<float*>(ring + C::kRing);
+  const uint32_t quad_s = ring_s + C::kRing + 1024;
+  const uint32_t bars = quad_s + kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
@@ -308,67 +355,137 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const long long steps = p.K / kStep;
   const long long s_begin = static_cast<long long>(blockIdx.z) * p.steps_per_split;
   const int nsteps = static_cast<int>(min(steps, s_begin + p.steps_per_split) - s_begin);
+  auto kstep = [&](int u) -> long long { return s_begin + u; };
 
-  // code-pair table: entry v = (code[v >> 4], code[v & 15]) in float32, one copy per lane
+  // code-pair table: entry v = (code[v >> 4], code[v & 15]) in float32, 16 copies
   {
     const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
+    for (int i = 0; i < 8; ++i)
       asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi), "f"(lo));
     if constexpr (kNested) ncode[tid] = p.nested_code[tid];
+    if (tid == 0) {
+      for (int i = 0; i < kXStages; ++i) mbar_init(bars + 8 * i, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kp.xmap)) : "memory");
+    }
+    __syncthreads();  // barriers initialised before any copy
   }
   const float offset = kNested ? *p.offset : 0.f;
 
-  // the lane's two weight rows (local) and their statistics rows (clamped: rows past N compute garbage, never stored)
+  // hole h of the weight ring at table_s + 256 h + 128; offsets below are relative to a stage's first hole
+  auto hole = [](int h) { return static_cast<uint32_t>(256 * h + 128); };
+  // the lane's two weight rows (local) and their statistics words
   const int ra = 64 * (warp >> 2) + 16 * (warp & 3) + g, rb = ra + 8;
-  const long long sra = min(n0 + ra, p.N - 1), srb = min(n0 + rb, p.N - 1);
-  const uint32_t lane8 = 8u * lane;
+  const uint32_t lane8 = 8u * (lane & 15);
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
-  // w tile: row r's two 16-byte halves swapped when (r / 4) is odd, so a quarter-warp's 16-byte reads of 8 rows
-  // at a 32-byte stride hit distinct banks
-  const uint32_t wa_off = C::kXBytes + ra * 32, wb_off = C::kXBytes + rb * 32;
-  const uint32_t sw_a = ((ra >> 2) & 1) << 4, sw_b = ((rb >> 2) & 1) << 4;
+  const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
+  const uint32_t qa_off = hole(32 + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(32 + (rb >> 5)) + 4 * (rb & 31);
+  // nested: byte position of the row's 8-bit code in its aligned word (low 32 bits of the element index suffice)
+  const uint32_t code_lo = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.absmax));
+  const uint32_t rka = static_cast<uint32_t>(min(n0 + ra, p.N - 1) * p.K);
+  const uint32_t rkb = static_cast<uint32_t>(min(n0 + rb, p.N - 1) * p.K);
+  const uint32_t lb = static_cast<uint32_t>(p.log2_blocksize);
+  const bool quad = (p.K & 255) == 0 && (p.steps_per_split & 3) == 0 &&
+                    (reinterpret_cast<uintptr_t>(p.absmax) & (kNested ? 3 : 15)) == 0;
+  // the element's place in its aligned word / chunk: (address / element size + block) & 3
+  const uint32_t elem_lo = kNested ? code_lo : code_lo >> 2;
 
-  // copies of one step: thread tid moves 16-byte chunk (tid & 7) of x rows tid / 8 + 32 j (j < BM / 32) and half
-  // (tid & 1) of weight row tid / 2. Everything but the K offset is worked out once: 32-bit byte offsets from one
-  // base per operand (the host checks M * K * 2 < 2^31), rows past M / N read row 0 and are zero-filled.
-  constexpr int kXRounds = BM / 32;
-  const int xr = tid >> 3, xc = tid & 7;
-  const char* x_base = reinterpret_cast<const char*>(p.x) + m0 * p.K * 2;
-  const uint32_t x_row_bytes = static_cast<uint32_t>(p.K) * 2;
-  const uint32_t x_dst = xr * 128 + ((xc ^ (xr & 7)) << 4);
-  uint32_t x_off[kXRounds];
-  int x_size[kXRounds];
-#pragma unroll
-  for (int j = 0; j < kXRounds; ++j) {
-    const bool ok = m0 + xr + 32 * j < p.M;
-    x_off[j] = ok ? (xr + 32 * j) * x_row_bytes + 16 * xc : 0;
-    x_size[j] = ok ? 16 : 0;
-  }
+  // copies of one step: thread 0 starts the TMA load of the x tile; thread tid copies half (tid & 1) of weight
+  // row tid / 2 and one statistics word: the absmax (plain) or the aligned word holding the 8-bit code (nested) of
+  // row tid (tid < 128), the nested absmax of row tid - 128 (nested, tid >= 128). Rows past N take row N - 1 (never
+  // stored); x rows past M arrive as zeros.
   const int wr = tid >> 1, wh = tid & 1;
   const bool w_ok = n0 + wr < p.N;
   const uint8_t* w_src = p.packed + (w_ok ? (n0 + wr) * (p.K / 2) + 16 * wh : 0);
-  const uint32_t w_dst = C::kXBytes + wr * 32 + ((wh ^ ((wr >> 2) & 1)) << 4);
+  const uint32_t w_dst = hole(wr >> 2) + 32 * (wr & 3) + 16 * wh;
+  const int sr = tid & 127;
+  const bool s_nab = kNested && tid >= 128;  // this thread copies the nested absmax
+  const bool s_on = kNested || tid < 128;
+  const long long s_rowk = min(n0 + sr, p.N - 1) * p.K;
+  const uint32_t s_dst = hole((s_nab ? 36 : 32) + (sr >> 5)) + 4 * (sr & 31);
 
-  auto load_step = [&](int i) {
-    const long long k0 = (s_begin + i) * kStep;
-    const uint32_t st = ring_s + (i % kStages) * C::kStageBytes;
-    const char* xk = x_base + 2 * k0;
-#pragma unroll
-    for (int j = 0; j < kXRounds; ++j) cp_async16(st + x_dst + 4096 * j, xk + x_off[j], x_size[j]);
-    cp_async16(st + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
+  auto w_stage = [&](int i) { return table_s + static_cast<uint32_t>((i % kWStages) * kHoles * 256); };
+  auto x_stage = [&](int i) { return ring_s + static_cast<uint32_t>((i % kXStages) * C::kXBytes); };
+  // copy group u: the weights and statistics of step u and the x tile of step u - kLag (those that exist)
+  auto load_group = [&](int u) {
+    if (u < nsteps) {
+      const long long k0 = kstep(u) * kStep;
+      const uint32_t ws = w_stage(u);
+      cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
+#if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
+      if (quad) {
+        if ((u & 3) == 0 && s_on) {  // the quad of steps u .. u + 3
+          const uint32_t qs = quad_s + static_cast<uint32_t>(((u >> 2) % kQuadSlots) * kQuadBytes);
+          const long long blk = (s_rowk + k0) >> p.log2_blocksize;
+          if constexpr (kNested) {
+            const void* src = s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
+                                    : reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(
+                                          reinterpret_cast<const uint8_t*>(p.absmax) + blk) & ~uintptr_t(3));
+            cp_async4(qs + (s_nab ? 512 : 0) + 4 * sr, src);
+          } else {
+            cp_async16(qs + 16 * sr, reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(
+                                         reinterpret_cast<const float*>(p.absmax) + blk) & ~uintptr_t(15)), 16);
+          }
+        }
+      } else if (s_on) {
+        const long long blk = (s_rowk + k0) >> p.log2_blocksize;
+        const void* src;
+        if constexpr (kNested) {
+          src = s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
+                      : reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(
+                            reinterpret_cast<const uint8_t*>(p.absmax) + blk) & ~uintptr_t(3));
+        } else {
+          src = reinterpret_cast<const float*>(p.absmax) + blk;
+        }
+        cp_async4(ws + s_dst, src);
+      }
+#endif
+    }
+    const int v = u - kLag;
+    if (tid == 0 && v >= 0 && v < nsteps) {
+      const uint32_t bar = bars + 8 * (v % kXStages);
+      mbar_expect(bar, C::kXBytes);
+      tma_x(x_stage(v), &kp.xmap, static_cast<int>(kstep(v) * kStep), static_cast<int>(m0), bar);
+    }
+  };
+  // x of step i landed (the stage's (i / kXStages)-th use)
+  auto wait_x = [&](int i) { mbar_wait(bars + 8 * (i % kXStages), (i / kXStages) & 1); };
+
+  // the absmax of local row r for step i, from its statistics quad or its words in the weight stage
+  auto absmax = [&](uint32_t ws, uint32_t q_off, int r, uint32_t rk, int i) -> float {
+#if defined(FASTNF4_WG_NO_STATS)
+    return 1.f;
+#endif
+    const uint32_t blk = (rk + static_cast<uint32_t>(kstep(i) * kStep)) >> lb;
+    if (quad) {
+      const uint32_t qs = quad_s + static_cast<uint32_t>(((i >> 2) % kQuadSlots) * kQuadBytes);
+      if constexpr (kNested) {
+        const uint32_t q = (lds32(qs + 4 * r) >> (8 * ((elem_lo + blk) & 3))) & 255u;
+        return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(qs + 512 + 4 * r))), offset);
+      } else {
+        return __uint_as_float(lds32(qs + 16 * r + 4 * ((elem_lo + blk) & 3)));
+      }
+    }
+    if constexpr (kNested) {
+      const uint32_t q = (lds32(ws + q_off) >> (8 * ((code_lo + blk) & 3))) & 255u;
+      // as bitsandbytes: two roundings
+      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(ws + q_off + 4 * 256))), offset);
+    } else {
+      return __uint_as_float(lds32(ws + q_off));
+    }
   };
 
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
-  // decode of step i's A fragments (16 registers: 4 k16 sub-steps x 4) from its ring stage
-  auto decode = [&](int i, const Stat<kNested>& xa, const Stat<kNested>& xb, uint32_t (&f)[16]) {
-    const float sa = absmax_of<kNested>(xa, ncode, offset), sb = absmax_of<kNested>(xb, ncode, offset);
-    const uint32_t st = ring_s + (i % kStages) * C::kStageBytes;
-    const uint4 a0 = lds128(st + wa_off + sw_a), a1 = lds128(st + wa_off + (sw_a ^ 16));
-    const uint4 b0 = lds128(st + wb_off + sw_b), b1 = lds128(st + wb_off + (sw_b ^ 16));
+  // decode of step i's A fragments (16 registers: 4 k16 sub-steps x 4) from its weight stage
+  auto decode = [&](int i, uint32_t (&f)[16]) {
+    const uint32_t ws = w_stage(i);
+    const float sa = absmax(ws, qa_off, ra, rka, i), sb = absmax(ws, qb_off, rb, rkb, i);
+    const uint4 a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
+    const uint4 b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #if defined(FASTNF4_WG_NO_DECODE)  // diagnostic: constant fragments (time without the decode)
@@ -385,30 +502,25 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     }
   };
 
-  // prologue: steps 0 .. kStages - 2 in flight (one commit group per step, empty groups past the end)
+  // prologue: copy groups 0 .. kWStages - 1 (one commit group each, empty ones past the end)
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < nsteps) load_step(i);
+  for (int u = 0; u < kWStages; ++u) {
+    load_group(u);
     cp_async_commit();
   }
-  // statistics run two steps ahead in registers: step i + 2's are loaded while step i + 1 is decoded
-  Stat<kNested> xa = load_stat<kNested>(p, sra, s_begin * kStep), xb = load_stat<kNested>(p, srb, s_begin * kStep);
-  const long long k_last = (s_begin + nsteps - 1) * kStep;
-  Stat<kNested> ya = load_stat<kNested>(p, sra, min((s_begin + 1) * kStep, k_last));
-  Stat<kNested> yb = load_stat<kNested>(p, srb, min((s_begin + 1) * kStep, k_last));
-  cp_async_wait<kStages - 2>();
-  __syncthreads();  // step 0 landed (every thread's copies), table and nested codes written
+  cp_async_wait<kWStages - 1>();  // group 0 (the weights of step 0) landed
+  __syncthreads();                // ... for every thread's copies; table and nested codes written
   uint32_t fa[16], fb[16];
-  decode(0, xa, xb, fa);
+  decode(0, fa);
 
   for (int i = 0; i < nsteps; ++i) {
+    wait_x(i);
     fence_acc(acc);
     wgmma_fence();
 #if !defined(FASTNF4_WG_NO_MMA)  // diagnostic: no tensor-core work (time of loads and decode alone)
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      const uint32_t st = ring_s + (i % kStages) * C::kStageBytes;
-      Wgmma<T, BM>::run(acc, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3], desc_sw128(st + 32 * s));
+      Wgmma<T, BM>::run(acc, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3], desc_sw128(x_stage(i) + 32 * s));
     }
 #else
 #pragma unroll
@@ -417,19 +529,17 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     wgmma_commit();
     fence_acc(acc);
     if (i + 1 < nsteps) {
-      xa = ya;
-      xb = yb;
-      if (i + 2 < nsteps) {
-        ya = load_stat<kNested>(p, sra, (s_begin + i + 2) * kStep);
-        yb = load_stat<kNested>(p, srb, (s_begin + i + 2) * kStep);
-      }
-      // step i + 1 landed; the barrier also means every warpgroup finished step i - 1's wgmma (waited for at the
-      // end of the previous iteration), so its stage can be refilled
-      cp_async_wait<kStages - 3>();
+      // group i + 1 (the weights of step i + 1) landed. The barrier also means every warpgroup finished step
+      // i - 1's wgmma (waited for at the end of the previous iteration) and step i's decode, so x stage (i - 1)
+      // and weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
+      // step i + kXD goes with it.
+      cp_async_wait<kWStages - 2>();
+#if !defined(FASTNF4_WG_NO_SYNC)  // diagnostic: no block barrier per step (races: timing only)
       __syncthreads();
-      if (i + kStages - 1 < nsteps) load_step(i + kStages - 1);
+#endif
+      load_group(i + kWStages);
       cp_async_commit();
-      decode(i + 1, xa, xb, fb);  // overlaps step i's wgmma
+      decode(i + 1, fb);  // overlaps step i's wgmma
     }
     wgmma_wait<0>();
     // wgmma reads its A registers asynchronously: keep this step's fragments alive (unchanged) until here, so the
@@ -443,7 +553,6 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();
-
   // accumulator fragment: acc[4 j + e] = (weight row ra / rb for e < 2 / >= 2, x row 8 j + 2 t + (e & 1))
   const long long na = n0 + ra, nb = n0 + rb;
   if (p.y32 != nullptr) {
@@ -539,7 +648,29 @@ int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int gy, int gz, cudaStream_t stream) {
   void* f = fastnf4_wg::kernel_for(dtype, bm, nested);
   if (f == nullptr) return (int)cudaErrorInvalidValue;
-  void* args[] = {(void*)p};
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      cudaGetLastError();
+      return (int)cudaErrorNotSupported;
+    }
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  fastnf4_wg::KParams kp;
+  kp.p = *p;
+  const cuuint64_t dims[2] = {(cuuint64_t)p->K, (cuuint64_t)p->M};
+  const cuuint64_t strides[1] = {(cuuint64_t)p->K * 2};
+  const cuuint32_t box[2] = {(cuuint32_t)fastnf4_wg::kStep, (cuuint32_t)bm};
+  const cuuint32_t unit[2] = {1, 1};
+  if (encode(&kp.xmap, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+             const_cast<void*>(p->x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return (int)cudaErrorInvalidValue;
+  void* args[] = {(void*)&kp};
   return (int)cudaLaunchKernel(f, dim3(gx, gy, gz), dim3(fastnf4_wg::kThreads), args, fastnf4_wg::smem_for(bm), stream);
 }
 
