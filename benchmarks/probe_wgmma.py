@@ -1,7 +1,7 @@
 """Prefill-size wgmma kernel (wgmma.cu) on the H200: correctness on odd shapes first (poisoned outputs, error against
 a float64 reference on the dequantized weight relative to cuBLAS's on the same weight), then graph timing against
 bf16 cuBLAS and fastnf4 dequantize + cuBLAS for every model weight of >= 8 MB packed.
-usage: python benchmarks/probe_wgmma.py [JSON] [--quick]"""
+usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512] [--checks] [--verbose]"""
 import json
 import sys
 
@@ -53,7 +53,8 @@ if "--checks" in sys.argv:
 
 quick = "--quick" in sys.argv
 seen = set()
-ms = (128, 256) if "--mid" in sys.argv else (64, 128, 512, 2048) if quick else (64, 128, 256, 512, 2048)
+ms = ((128, 256) if "--mid" in sys.argv else (512,) if "--m512" in sys.argv else (64, 128, 512, 2048) if quick
+      else (64, 128, 256, 512, 2048))
 for model, layer, n, k in model_shapes():
     if (n, k) in seen or n * k // 2 < 8e6:
         continue
@@ -71,7 +72,7 @@ for model, layer, n, k in model_shapes():
         row = dict(model=model, layer=layer, N=n, K=k, M=m)
         row["cublas_us"] = time_graph([lambda i=i: x @ ws[i].T for i in range(reps_w)])["median_us"]
         row["dq_cublas_us"] = time_graph([lambda i=i: x @ fastnf4.dequantize(qs[i]).T for i in range(reps_q)])["median_us"]
-        for bm in ((64, 128) if m <= 64 else (64, 128, 256) if m <= 256 else (128, 256)):
+        for bm in ((64, 128) if m <= 64 else (64, 128, 256) if m <= 256 else (256,) if m == 512 else (128, 256)):
             row[f"wg{bm}_us"] = time_graph([lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=bm)
                                             for i in range(reps_q)])["median_us"]
         best = min(v for kk, v in row.items() if kk.startswith("wg"))

@@ -78,15 +78,15 @@ def test_dispatch_table():
 def test_wgmma_dispatch_on_model_shapes():
     """Where the Hopper kernel takes over from dequantize + cuBLAS (H200, benchmarks/probe_wgmma.py, bench matmul):
     every weight of >= 32M elements at M <= 64, >= 100M with N >= 8192 at M <= 128, the big and the wide ones at
-    M <= 256, none above."""
+    M <= 256, the big ones at M <= 512, none above."""
     from fastnf4.bench.harness import model_shapes
 
     def path(m, n, k):
         return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n), wgmma_ok=True)
 
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
-             for mm in (32, 33, 64, 65, 128, 256, 257, 512, 2048)}
-    assert taken[32] == [] and taken[257] == taken[512] == taken[2048] == []
+             for mm in (32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
+    assert taken[32] == [] and taken[513] == taken[2048] == []
     assert taken[33] == taken[64]
     assert (4096, 5376) not in taken[64] and (5376, 4096) not in taken[64]  # Gemma q / o lost at M = 64
     assert {(8192, 5120), (5120, 8192), (10240, 8192), (8192, 5376)} <= set(taken[64])
@@ -96,13 +96,15 @@ def test_wgmma_dispatch_on_model_shapes():
     assert taken[65] == taken[128]
     assert set(taken[256]) == {(57344, 8192), (28672, 8192), (8192, 28672), (51200, 5120), (25600, 5120),
                                (43008, 5376)}  # nor Gemma's gate+up (115M elements)
+    assert taken[257] == taken[512]
+    assert set(taken[512]) == {(57344, 8192), (28672, 8192), (8192, 28672), (51200, 5120), (43008, 5376)}
 
 
 def test_eager_plan_key_follows_the_wgmma_buckets():
     """One eager plan serves all M with the same ``m_key``: the dispatcher must then take the same path for all."""
     from fastnf4.ops.matmul import eager
 
-    assert eager.MAX_M == dispatch.MMA_MAX_M
+    assert eager.MAX_M == dispatch.MMA_MAX_M and eager.wgmma.MAX_M == dispatch.WGMMA_MIN[-1][0]
     shapes = [(57344, 8192), (8192, 28672), (5120, 25600), (10240, 8192), (5120, 8192), (4096, 5376), (25600, 5120)]
     by_key = {}
     for m in range(1, 700):

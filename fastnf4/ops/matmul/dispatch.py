@@ -65,12 +65,12 @@ def mma_wanted(m: int, n: int) -> bool:
     return any(m <= mm and n >= nn for mm, nn in MMA_MIN_N)
 
 
-# wgmma.cu (Hopper) for 32 < M <= 256 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200
-# (benchmarks/probe_wgmma.py and bench matmul of d72e40e; NOTES.md session 8). Per M bucket: (largest M, smallest
-# N * K elements, smallest N), and at M = 256 also wide weights (N >= 16384) from 120M elements. It loses on smaller
-# weights (too few 128-row tiles for 132 SMs: split-K and its float32 pass), on the narrow deep ones (N ~ 5K,
-# K >= 21504) from M = 128, and above M = 256.
-WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 100 * 2**20, 8192), (256, 200 * 2**20, 8192))
+# wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200
+# (benchmarks/probe_wgmma.py and bench matmul of d72e40e; M = 512: results/h200-probe-wgmma-m512.json; NOTES.md
+# sessions 8 and 9). Per M bucket: (largest M, smallest N * K elements, smallest N), and at M = 256 also wide
+# weights (N >= 16384) from 120M elements. It loses on smaller weights (too few 128-row tiles for 132 SMs: split-K
+# and its float32 pass), on the narrow deep ones (N ~ 5K, K >= 21504) from M = 128, and above M = 512.
+WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 100 * 2**20, 8192), (256, 200 * 2**20, 8192), (512, 200 * 2**20, 8192))
 WGMMA_WIDE = (256, 16384, 120 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
 
