@@ -1,5 +1,7 @@
 """Decode kernel (M = 1) on the large weights: time per split-K choice and % of the NF4 byte floor, for the
-build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included). usage: python benchmarks/probe_decode.py [S ...]"""
+build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE_M = x rows (default 1; 3-32 take
+the GEMM kernel). usage: python benchmarks/probe_decode.py [S ...]"""
+import os
 import sys
 
 import torch
@@ -18,10 +20,11 @@ for n, k in [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 
     del w
     reps = rotation_count(q.nbytes())
     qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
-    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
-    floor = (q.nbytes() + 2 * k + 2 * n) / bw / 1e3
+    m = int(os.environ.get("FASTNF4_PROBE_M", "1"))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    floor = (q.nbytes() + 2 * m * k + 2 * m * n) / bw / 1e3
     slices = -(-k // 128)
-    line = f"{n:5d}x{k:5d} floor {floor:5.1f} plan {gemv_mma.plan(1, n, k, 132 * 16)}:"
+    line = f"{n:5d}x{k:5d} floor {floor:5.1f} M {m} plan {gemv_mma.plan(m, n, k, 132 * 16)}:"
     for s in splits:
         sp = None if s == 0 else (s, -(-slices // s))
         t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp) for i in range(reps)])

@@ -1,6 +1,6 @@
 """Where the wgmma kernel's time goes: graph timing of a few shapes for one build (FASTNF4_NVCC_FLAGS selects
 diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA,
--DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_NO_SYNC), against bf16 cuBLAS in the same process.
+-DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_WSTAGES=n, -DFASTNF4_WG_XSTAGES=n), against bf16 cuBLAS in the same process.
 usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON]"""
 import json
 import os

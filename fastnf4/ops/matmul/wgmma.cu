@@ -71,7 +71,7 @@ constexpr int kThreads = 256;
 // far ahead (kWStages) without taking shared memory from the x ring.
 constexpr int kTableBytes = 256 * 256;
 constexpr int kHoles = 40;
-#if defined(FASTNF4_WG_WSTAGES)  // experiments (benchmarks/diag_wgmma.sh)
+#if defined(FASTNF4_WG_WSTAGES)  // experiments (benchmarks/probe_wgmma_parts.py)
 constexpr int kWStages = FASTNF4_WG_WSTAGES;
 #else
 constexpr int kWStages = 6;
@@ -264,16 +264,11 @@ template <> struct Wgmma<__half, 256> {
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-#if defined(FASTNF4_WG_L2)  // experiment: L2 prefetch size of the weight / statistics copies
-#define FASTNF4_WG_L2Q ".L2::" FASTNF4_WG_L2
-#else
-#define FASTNF4_WG_L2Q ""
-#endif
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int size) {
-  asm volatile("cp.async.cg.shared.global" FASTNF4_WG_L2Q " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size));
 }
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global" FASTNF4_WG_L2Q " [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -534,9 +529,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       // and weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
       // step i + kXD goes with it.
       cp_async_wait<kWStages - 2>();
-#if !defined(FASTNF4_WG_NO_SYNC)  // diagnostic: no block barrier per step (races: timing only)
       __syncthreads();
-#endif
       load_group(i + kWStages);
       cp_async_commit();
       decode(i + 1, fb);  // overlaps step i's wgmma
