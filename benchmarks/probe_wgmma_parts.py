@@ -18,7 +18,7 @@ label = sys.argv[1]
 rows = []
 for n, k, m, bm in ((57344, 8192, 64, 64), (57344, 8192, 128, 128), (57344, 8192, 256, 256),
                     (57344, 8192, 512, 256), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
-                    (5120, 8192, 128, 128)):
+                    (5120, 8192, 128, 128), (57344, 8192, 256, 128), (57344, 8192, 512, 128)):
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w, blocksize=64, double_quant=True)
     reps = rotation_count(q.nbytes())
