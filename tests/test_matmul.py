@@ -77,8 +77,8 @@ def test_dispatch_table():
 
 def test_wgmma_dispatch_on_model_shapes():
     """Where the Hopper kernel takes over from dequantize + cuBLAS (H200, benchmarks/probe_wgmma.py, bench matmul):
-    every weight of >= 32M elements at M <= 64, >= 100M with N >= 8192 at M <= 128, the big and the wide ones at
-    M <= 256, the largest at M <= 512, none above."""
+    every weight of >= 32M elements at M <= 64, >= 64M at M <= 128, the big and the wide ones at M <= 256, the
+    largest at M <= 512, none above."""
     from fastnf4.bench.harness import model_shapes
 
     def path(m, n, k):
@@ -90,12 +90,13 @@ def test_wgmma_dispatch_on_model_shapes():
     assert taken[33] == taken[64]
     assert (4096, 5376) not in taken[64] and (5376, 4096) not in taken[64]  # Gemma q / o lost at M = 64
     assert {(8192, 5120), (5120, 8192), (10240, 8192), (8192, 5376)} <= set(taken[64])
-    assert (10240, 8192) not in taken[128] and (5120, 8192) not in taken[128]  # qkv / o lost at M = 128
+    assert (5120, 8192) not in taken[128] and (10240, 5120) not in taken[128]  # Qwen o / qkv lost at M = 128
     assert set(taken[128]) == {(57344, 8192), (28672, 8192), (8192, 28672), (51200, 5120), (25600, 5120),
-                               (43008, 5376), (21504, 5376)}  # not the narrow deep downs of Qwen / Gemma
+                               (43008, 5376), (21504, 5376), (8192, 8192), (10240, 8192), (5120, 25600),
+                               (5376, 21504)}  # from 64M elements, the narrow deep downs of Qwen / Gemma included
     assert taken[65] == taken[128]
     assert set(taken[256]) == {(57344, 8192), (28672, 8192), (8192, 28672), (51200, 5120), (25600, 5120),
-                               (43008, 5376)}  # nor Gemma's gate+up (115M elements)
+                               (43008, 5376), (21504, 5376)}  # not the narrow deep downs (115-131M elements)
     assert taken[257] == taken[512]
     assert set(taken[512]) == {(57344, 8192)}
 

@@ -66,13 +66,14 @@ def mma_wanted(m: int, n: int) -> bool:
 
 
 # wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200
-# (benchmarks/probe_wgmma.py and bench matmul of d72e40e; M = 512: results/h200-probe-wgmma-m512.json; NOTES.md
-# sessions 8 and 9). Per M bucket: (largest M, smallest N * K elements, smallest N), and at M = 256 also wide
-# weights (N >= 16384) from 120M elements. It loses on smaller weights (too few 128-row tiles for 132 SMs: split-K
-# and its float32 pass), on the narrow deep ones (N ~ 5K, K >= 21504) from M = 128, and above M = 512; at M = 512
-# only Llama's gate_up (470M) won in both runs (by 11-15%; the 230-260M weights by -1 to +13%).
-WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 100 * 2**20, 8192), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
-WGMMA_WIDE = (256, 16384, 120 * 2**20)  # (M bucket, smallest N, smallest N * K)
+# (benchmarks/probe_wgmma.py: results/h200-probe-wgmma-mid.json for M = 128 / 256 at 69bdd69, -m512.json for
+# M = 512; bench matmul; NOTES.md sessions 8 and 9). Per M bucket: (largest M, smallest N * K elements, smallest N),
+# and at M = 256 also wide weights (N >= 16384) from 110M elements. It loses on smaller weights (too few 128-row
+# tiles for 132 SMs: split-K and its float32 pass), on the narrow deep ones (N ~ 5K, K >= 21504) from M = 256,
+# and above M = 512; at M = 512 only Llama's gate_up (470M) won in both runs (by 11-15%; the 230-260M weights by
+# -1 to +13%). At M = 128 Llama's qkv (84M) tied (105.0 vs 105.1 us).
+WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 64 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
+WGMMA_WIDE = (256, 16384, 110 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
 
 def wgmma_wanted(m: int, n: int, k: int) -> bool:
