@@ -71,7 +71,9 @@ def mma_wanted(m: int, n: int) -> bool:
 # and at M = 256 also wide weights (N >= 16384) from 110M elements. It loses on smaller weights (too few 128-row
 # tiles for 132 SMs: split-K and its float32 pass), on the narrow deep ones (N ~ 5K, K >= 21504) from M = 256,
 # and above M = 512; at M = 512 only Llama's gate_up (470M) won in both runs (by 11-15%; the 230-260M weights by
-# -1 to +13%). At M = 128 Llama's qkv (84M) tied (105.0 vs 105.1 us).
+# -1 to +13%). Two weights are ties within the run-to-run spread: Llama's qkv (84M) at M = 128 (105.0 vs 105.1 us
+# in the probe, 104.9 vs 103.9 in bench matmul of 11399b9) and Gemma's gate+up (115M) at M = 256 (154.8 vs 163.2,
+# then 161.4 vs 157.2).
 WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 64 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
 WGMMA_WIDE = (256, 16384, 110 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
