@@ -93,7 +93,7 @@ def plan(m: int, n: int, k: int, slots: int, bm: int) -> tuple[int, int]:
     want = min(-(-slots // tiles), max(1, steps // 8))  # at least 8 steps per split
     per = -(-steps // want)
     if steps % 4 == 0:
-        per = -(-per // 4) * 4  # whole statistics quads per split (wgmma.cu kQuadSlots)
+        per = -(-per // 4) * 4  # whole 4-step statistics quads per split (wgmma.cu copies them only then)
     return -(-steps // per), per
 
 
