@@ -1,7 +1,8 @@
 """Prefill-size wgmma kernel (wgmma.cu) on the H200: correctness on odd shapes first (poisoned outputs, error against
 a float64 reference on the dequantized weight relative to cuBLAS's on the same weight), then graph timing against
 bf16 cuBLAS and fastnf4 dequantize + cuBLAS for every model weight of >= 8 MB packed.
-usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512] [--checks] [--verbose]"""
+usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512 | --small] [--checks] [--verbose]
+--small: M = 8 / 16 / 24 / 32 with the CUDA GEMM kernel of gemv_mma.cu (the path there before) timed too."""
 import json
 import sys
 
@@ -11,7 +12,7 @@ import fastnf4
 from fastnf4.api import linear_args
 from fastnf4.bench.common import clone_weight
 from fastnf4.bench.harness import model_shapes, rotation_count, time_graph
-from fastnf4.ops.matmul import wgmma
+from fastnf4.ops.matmul import gemv_mma, wgmma
 
 torch.manual_seed(0)
 out = {"check": [], "time": []}
@@ -24,6 +25,9 @@ for dtype in (torch.bfloat16, torch.float16):
         (257, 640, 1024, 256, False, False, None, None), (512, 384, 8192, 4096, True, True, None, None),
         (129, 4096, 2048, 64, True, False, 256, None), (300, 1024, 4096, 64, True, True, 128, 4),
         (40, 8192, 1024, 64, False, False, 64, 3), (2048, 256, 512, 1024, True, False, None, None),
+        (5, 300, 576, 64, True, True, None, None), (16, 4096, 2048, 128, False, False, None, 3),
+        (17, 1000, 5376, 64, True, True, None, None), (32, 8192, 1024, 256, True, False, 32, 2),
+        (24, 128, 64, 64, False, True, 16, None),
     ]:
         w = torch.randn(n, k, dtype=dtype, device="cuda") * 0.02
         q = fastnf4.quantize(w, blocksize=bs, double_quant=nested)
@@ -54,7 +58,7 @@ if "--checks" in sys.argv:
 quick = "--quick" in sys.argv
 seen = set()
 ms = ((128, 256) if "--mid" in sys.argv else (512,) if "--m512" in sys.argv else (64, 128, 512, 2048) if quick
-      else (64, 128, 256, 512, 2048))
+      else (8, 16, 24, 32) if "--small" in sys.argv else (64, 128, 256, 512, 2048))
 for model, layer, n, k in model_shapes():
     if (n, k) in seen or n * k // 2 < 8e6:
         continue
@@ -72,15 +76,21 @@ for model, layer, n, k in model_shapes():
         row = dict(model=model, layer=layer, N=n, K=k, M=m)
         row["cublas_us"] = time_graph([lambda i=i: x @ ws[i].T for i in range(reps_w)])["median_us"]
         row["dq_cublas_us"] = time_graph([lambda i=i: x @ fastnf4.dequantize(qs[i]).T for i in range(reps_q)])["median_us"]
-        for bm in ((64, 128) if m <= 64 else (64, 128, 256) if m <= 256 else (256,) if m == 512 else (128, 256)):
+        if m <= 32:
+            row["mma_us"] = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]))
+                                         for i in range(reps_q)])["median_us"]
+        for bm in ((16, 32) if m <= 16 else (32, 64) if m <= 32 else (64, 128) if m <= 64 else (64, 128, 256) if m <= 256 else (256,) if m == 512 else (128, 256)):
             row[f"wg{bm}_us"] = time_graph([lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=bm)
                                             for i in range(reps_q)])["median_us"]
         best = min(v for kk, v in row.items() if kk.startswith("wg"))
         row["vs_cublas"] = row["cublas_us"] / best
+        if "mma_us" in row:
+            row["wg_vs_mma"] = row["mma_us"] / best
         out["time"].append(row)
         print(f"{model[:6]:6} {layer[:8]:8} {n:6d}x{k:<6d} M{m:5d} cuBLAS {row['cublas_us']:8.1f} dq+cuBLAS "
               f"{row['dq_cublas_us']:8.1f} " + " ".join(f"{kk[:-3]} {v:8.1f}" for kk, v in row.items()
-                                                       if kk.startswith("wg")) + f"  x{row['vs_cublas']:.2f}",
+                                                       if kk.endswith("_us") and kk[:2] in ("wg", "mm"))
+              + f"  x{row['vs_cublas']:.2f}" + (f" vs mma x{row['wg_vs_mma']:.2f}" if "wg_vs_mma" in row else ""),
               flush=True)
 if len(sys.argv) > 1 and not sys.argv[1].startswith("--"):
     json.dump(out, open(sys.argv[1], "w"), indent=1)

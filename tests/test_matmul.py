@@ -114,13 +114,13 @@ def test_eager_plan_key_follows_the_wgmma_buckets():
     assert all(len(v) == 1 for v in by_key.values())
 
 
-@pytest.mark.parametrize("m", [33, 64, 100, 128, 200, 256, 1000])
+@pytest.mark.parametrize("m", [1, 9, 16, 17, 32, 33, 64, 100, 128, 200, 256, 1000])
 @pytest.mark.parametrize("n, k", [(57344, 8192), (4096, 5376), (200, 192), (8192, 64)])
 def test_wgmma_plan_covers_k(m, n, k):
     from fastnf4.ops.matmul import wgmma
 
     bm = wgmma.block_m(m)
-    assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == 64 or bm // 2 < m)
+    assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == 16 or bm // 2 < m)
     s, per = wgmma.plan(m, n, k, 132, bm)  # 132 resident blocks
     steps = k // wgmma.STEP
     assert s >= 1 and s * per >= steps and (s - 1) * per < steps  # every split has work, all of K is covered
@@ -267,7 +267,7 @@ def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path):
     lib = _cuda.compile_source(wgmma.SOURCE, "sm_90a", out_dir=str(tmp_path))
     sass = subprocess.run([tool, "-sass", lib], capture_output=True, text=True, check=True).stdout
     groups, bad = _in_flight_fragment_writes(sass)
-    assert groups >= 12  # every variant issues wgmma (the check cannot pass on an empty dump)
+    assert groups >= 20  # every variant issues wgmma (the check cannot pass on an empty dump)
     assert bad == []
 
 

@@ -3,9 +3,9 @@
 It multiplies by exactly the dequantized weight (float32 code x float32 absmax, one rounding to the input dtype,
 as ``dequantize``), so against a float64 product of x and the dequantized weight its error must match that of
 cuBLAS on the same weight (accumulation order and output rounding only): ratio within 1.1, on fresh random data,
-outputs poisoned with NaN first. The shapes cover odd M (partial x tiles), N off the 128-row tile, K = 64 and
-K = 64 x odd, every x-rows-per-block variant, forced split-K, both dtypes, double quant on and off, blocksizes
-64 to 4096, bias.
+outputs poisoned with NaN first. The shapes cover odd M (partial x tiles, M from 9), N off the 128-row tile,
+K = 64 and K = 64 x odd, every x-rows-per-block variant, forced split-K, both dtypes, double quant on and off,
+blocksizes 64 to 4096, bias.
 """
 import pytest
 import torch
@@ -48,7 +48,7 @@ def test_matches_cublas_on_the_dequantized_weight(n, k, blocksize, nested, dtype
     torch.manual_seed(n + k + blocksize)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
                          double_quant=nested)
-    for m in (33, 64, 100, 129, 256, 300):
+    for m in (9, 16, 31, 33, 64, 100, 129, 256, 300):
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
         _check(q, m, dtype, bias)
 

@@ -17,7 +17,7 @@ from ... import _cuda
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
-BLOCK_M = (64, 128, 256)
+BLOCK_M = (16, 32, 64, 128, 256)
 MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_MIN; a test ties the two)
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 
@@ -78,8 +78,12 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
 
 
 def block_m(m: int) -> int:
-    """x rows per block: the smallest of 64 / 128 / 256 covering M (H200: each is the fastest in its range)."""
-    return 64 if m <= 64 else 128 if m <= 128 else 256
+    """x rows per block: the smallest of 16 / 32 / 64 / 128 / 256 covering M (H200: each is the fastest in its
+    range)."""
+    for bm in BLOCK_M:
+        if m <= bm:
+            return bm
+    return BLOCK_M[-1]
 
 
 @functools.lru_cache(maxsize=4096)
