@@ -4,6 +4,7 @@ bf16 cuBLAS and fastnf4 dequantize + cuBLAS for every model weight of >= 8 MB pa
 usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512 | --small] [--checks] [--verbose]
 --small: M = 8 / 16 / 24 / 32 with the CUDA GEMM kernel of gemv_mma.cu (the path there before) timed too."""
 import json
+import os
 import sys
 
 import torch
@@ -15,7 +16,8 @@ from fastnf4.bench.harness import model_shapes, rotation_count, time_graph
 from fastnf4.ops.matmul import gemv_mma, wgmma
 
 torch.manual_seed(0)
-out = {"check": [], "time": []}
+out = {"env": {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("FASTNF4_COMMIT", "?"),
+               "torch": torch.__version__}, "check": [], "time": []}
 worst = 0.0
 fails = 0
 for dtype in (torch.bfloat16, torch.float16):

@@ -76,17 +76,23 @@ def test_dispatch_table():
 
 
 def test_wgmma_dispatch_on_model_shapes():
-    """Where the Hopper kernel takes over from dequantize + cuBLAS (H200, benchmarks/probe_wgmma.py, bench matmul):
-    every weight of >= 32M elements at M <= 64, >= 64M at M <= 128, the big and the wide ones at M <= 256, the
-    largest at M <= 512, none above."""
+    """Where the Hopper kernel takes over from the GEMM kernel or dequantize + cuBLAS (H200, probe_wgmma.py, bench
+    matmul): some weights at M 9-32, every weight of >= 32M elements at M <= 64, >= 64M at M <= 128, the big and the
+    wide ones at M <= 256, the largest at M <= 512, none above."""
     from fastnf4.bench.harness import model_shapes
 
     def path(m, n, k):
         return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n), wgmma_ok=True)
 
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
-             for mm in (32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
-    assert taken[32] == [] and taken[513] == taken[2048] == []
+             for mm in (8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
+    assert taken[8] == [] and taken[513] == taken[2048] == []
+    # M 9-32 (probe_wgmma.py --small): Qwen o, Gemma q / o from M 9; from M 17 also the narrow deep downs and the
+    # widest weights; the GEMM kernel keeps N = 8192-21504 (Llama q+o / down / qkv, Qwen q / qkv, Gemma gate+up)
+    narrow = {(5120, 8192), (4096, 5376), (5376, 4096)}
+    assert set(taken[9]) == set(taken[16]) == narrow
+    assert set(taken[17]) == set(taken[32]) == narrow | {(5120, 25600), (5376, 21504), (28672, 8192), (57344, 8192),
+                                                          (25600, 5120), (51200, 5120), (43008, 5376)}
     assert taken[33] == taken[64]
     assert (4096, 5376) not in taken[64] and (5376, 4096) not in taken[64]  # Gemma q / o lost at M = 64
     assert {(8192, 5120), (5120, 8192), (10240, 8192), (8192, 5376)} <= set(taken[64])

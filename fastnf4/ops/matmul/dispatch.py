@@ -4,13 +4,14 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M                         | path                                                            |
 |---------------------------|-----------------------------------------------------------------|
+| 9 .. 512 (sm_90, CUDA     | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
+| build there)              | where it beat the GEMM kernel (M <= 32) or dequantize + cuBLAS  |
+|                           | (``wgmma_wanted``)                                              |
 | 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 2,   |
 |                           | GEMM kernel 2 < M <= 32), K % 32 == 0; for M > 8 only N >= 4096 |
 |                           | (M <= 16) / N >= 8192 (M <= 32): ``MMA_MIN_N``; at M <= 2 the   |
 |                           | weights of <= 12M / 9M elements (k/v projections) take its      |
 |                           | CUDA-core small-weight kernel (``gemv_mma.SMALL_MAX_ELEMS``)    |
-| 33 .. 256 (sm_90, CUDA   | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
-| build there)              | where it beat dequantize + cuBLAS (``wgmma_wanted``)             |
 | 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
@@ -78,9 +79,26 @@ WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 64 * 2**20, 0), (256, 200 * 2**20, 8192)
 WGMMA_WIDE = (256, 16384, 110 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
 
+# M = 9-32 (x rows per block 16 / 32: benchmarks/probe_wgmma.py --small, results/h200-probe-wgmma-small.json at
+# d401305): the wgmma kernel's time hardly moves with M there (decode-bound), the GEMM kernel's grows. It took
+# over where it won against the path used before, on weights of >= 20M elements: at M 9-16 the narrow shallow
+# ones (N <= 6144, K <= 8192: Qwen o 27.8 vs 42.5 us, Gemma q / o 19.8 / 20.4 vs 22.9 / 22.7 at M 16); at M 17-32
+# those with N < 8192 (before: dequantize + cuBLAS; Qwen o / down 29.2 / 76.8 vs 55 / 155 us at M 32, Gemma q / o /
+# down) and the widest (N >= 24576: Llama gate+up / gate_up, Qwen gate+up / gate_up, Gemma gate_up: 1.14-1.75x the
+# GEMM kernel at M 24-32). The GEMM kernel kept N = 8192-21504 (Llama q+o / down / qkv, Qwen q / qkv, Gemma qkv /
+# gate+up: it won or tied) and M <= 8 (it won on all but Qwen o).
+WGMMA_SMALL_MIN_ELEMS = 20 * 2**20
+WGMMA_SMALL_NARROW = (16, 6144, 8192)  # (largest M, largest N, largest K)
+WGMMA_SMALL_BAND = (32, 8192, 24576)   # (largest M, N from which the GEMM kernel keeps the weight, N from which not)
+
+
 def wgmma_wanted(m: int, n: int, k: int) -> bool:
     if m <= MMA_MAX_M:
-        return False
+        if m <= 8 or n * k < WGMMA_SMALL_MIN_ELEMS:
+            return False
+        if m <= WGMMA_SMALL_NARROW[0]:
+            return n <= WGMMA_SMALL_NARROW[1] and k <= WGMMA_SMALL_NARROW[2]
+        return n < WGMMA_SMALL_BAND[1] or n >= WGMMA_SMALL_BAND[2]
     for mm, elems, min_n in WGMMA_MIN:
         if m <= mm:
             return (n * k >= elems and n >= min_n) or (
@@ -89,10 +107,10 @@ def wgmma_wanted(m: int, n: int, k: int) -> bool:
 
 
 def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wgmma_ok: bool = False) -> str:
-    if mma_ok and mma_wanted(m, n):
-        return "mma"
     if wgmma_ok and wgmma_wanted(m, n, k):
         return "wgmma"
+    if mma_ok and mma_wanted(m, n):
+        return "mma"
     if kernel.group_elems(k, blocksize) == 0:
         return "dequant+matmul"
     if m <= GEMV_MAX_M:
