@@ -14,9 +14,9 @@
 // from a 128-byte-swizzled shared-memory tile (BM rows x 128 bytes per step).
 //
 // Pipeline: x tiles arrive by TMA (thread 0, one 2D box per step, kXStages stages, an mbarrier each) kXStages - 1
-// steps ahead; the packed weights by cp.async once per 4 steps (16 KiB: 128 bytes per row), 1-4 steps ahead, into
-// the unused halves of the table's 256-byte entries; the statistics (absmax, or the 8-bit double-quant codes and
-// nested absmax) by cp.async once per 4 steps where they sit in aligned words ("quads"), else per step. Each step
+// steps ahead; the packed weights (4 KiB per step) by cp.async kWStages - 1 steps ahead into the unused halves of
+// the table's 256-byte entries; the statistics (absmax, or the 8-bit double-quant codes and nested absmax) by
+// cp.async once per 4 steps where they sit in aligned words ("quads"), else per step with the weights. Each step
 // issues its four wgmma asynchronously, decodes the next step's fragments while they run, then waits: the decode of
 // step j + 1 overlaps the tensor-core work of step j. One block barrier per step (the weight copies).
 // Epilogue: bias, conversion, a padded shared-memory transpose and 16-byte row stores of y; with split-K
@@ -67,25 +67,17 @@ constexpr int kThreads = 256;
 // Table region: 256 entries of 256 bytes. Entry v's first 128 bytes hold 16 copies of the float32 code pair
 // (copy c at + 8 c; lane l reads copy l & 15: an 8-byte shared load is served per half-warp, so 16 copies are
 // conflict-free), and PRMT builds the address (byte << 8) + 8 (lane & 15) in one instruction. The other 128 bytes
-// of each entry ("hole" v) carry the packed weights, without taking shared memory from the x ring: two stages
-// ("weight quads") of 4 steps, row r in hole 128 q + r (its 4 steps' 128 bytes), the 16-byte chunk c at c ^ (r & 7)
-// so that the 8 rows a warp reads at once sit in different banks. One copy per row per 4 steps is a whole 128-byte
-// line: streaming 32-byte row pieces (one step) ran at 64% of the copy bandwidth on the H200, 128-byte pieces two
-// stages deep at 82% (benchmarks/probe_stream.py, results/h200-probe-stream.json).
+// of each entry ("hole" v) carry the weight ring: a stage is 40 holes (32 of packed weights: row r at hole r / 4,
+// + 32 (r % 4); 4 of per-row statistics words; 4 of nested absmax), so the weights and statistics can be loaded
+// far ahead (kWStages) without taking shared memory from the x ring.
 constexpr int kTableBytes = 256 * 256;
-constexpr int kWQuads = 2;
-// copy groups in flight (one per step; group u carries the weight quad of steps u .. u + 3 when u % 4 == 0): the
-// quad of steps 4 q + 4 .. overwrites that of 4 q - 4 .., so it is issued after the decode of step 4 q - 1, in the
-// iteration 4 q + 4 - kWStages >= 4 q - 1
+constexpr int kHoles = 40;
 #if defined(FASTNF4_WG_WSTAGES)  // experiments (benchmarks/probe_wgmma_parts.py)
 constexpr int kWStages = FASTNF4_WG_WSTAGES;
 #else
-constexpr int kWStages = 5;
+constexpr int kWStages = 6;
 #endif
-static_assert(kWStages >= 2 && kWStages <= 5, "two weight quads: a quad is refilled only once fully decoded");
-// per-step statistics words where they do not come in quads (below): one 1 KiB stage per copy group (row r: the
-// absmax or the aligned word of its 8-bit code at 4 r, nested absmax at 512 + 4 r)
-constexpr int kStatBytes = 1024;
+static_assert(kWStages * kHoles <= 256, "the weight ring fits in the table's holes");
 
 // Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
 // chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
@@ -105,9 +97,8 @@ template <int BM> struct Cfg {
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
   static constexpr int kRing = kXStages * kXBytes;
   static constexpr int kOutRow = (kBN + 8) * 2;   // bytes per staged output row (padded: no bank conflicts)
-  // alignment slack, table + weights, x ring, nested code, statistics quads, per-step statistics, x stage barriers
-  static constexpr int kSmem =
-      1024 + kTableBytes + kRing + 1024 + kQuadSlots * kQuadBytes + kWStages * kStatBytes + 8 * kXStages;
+  // alignment slack, table + weights, x ring, nested code, statistics quads, x stage barriers
+  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * kQuadBytes + 8 * kXStages;
   static_assert(BM * kOutRow <= kRing, "the output staging reuses the x ring");
 };
 
@@ -405,8 +396,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   uint8_t* ring = smem_raw + (ring_s - smem_addr(smem_raw));
   float* ncode = reinterpret_cast<float*>(ring + C::kRing);
   const uint32_t quad_s = ring_s + C::kRing + 1024;
-  const uint32_t stat_s = quad_s + kQuadSlots * kQuadBytes;
-  const uint32_t bars = stat_s + kWStages * kStatBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
+  const uint32_t bars = quad_s + kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
@@ -432,14 +422,14 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   }
   const float offset = kNested ? *p.offset : 0.f;
 
-  // hole h (weight row h % 128 of quad stage h / 128) at table_s + 256 h + 128
+  // hole h of the weight ring at table_s + 256 h + 128; offsets below are relative to a stage's first hole
   auto hole = [](int h) { return static_cast<uint32_t>(256 * h + 128); };
-  // the lane's two weight rows (local; both have row & 7 == g) and their statistics words
+  // the lane's two weight rows (local) and their statistics words
   const int ra = 64 * (warp >> 2) + 16 * (warp & 3) + g, rb = ra + 8;
   const uint32_t lane8 = 8u * (lane & 15);
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
-  const uint32_t wa_off = hole(ra), wb_off = hole(rb);
-  const uint32_t qa_off = 4 * ra, qb_off = 4 * rb;
+  const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
+  const uint32_t qa_off = hole(32 + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(32 + (rb >> 5)) + 4 * (rb & 31);
   // nested: byte position of the row's 8-bit code in its aligned word (low 32 bits of the element index suffice)
   const uint32_t code_lo = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.absmax));
   const uint32_t rka = static_cast<uint32_t>(min(n0 + ra, p.N - 1) * p.K);
@@ -450,38 +440,28 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   // the element's place in its aligned word / chunk: (address / element size + block) & 3
   const uint32_t elem_lo = kNested ? code_lo : code_lo >> 2;
 
-  // copies: thread 0 starts the TMA load of each step's x tile. Once per 4 steps thread tid copies the 16-byte chunk
-  // wc = tid & 7 (half a step) of the weight rows tid / 8 + 32 c, c < 4; chunks past the split's steps are zeros.
-  // Each step (or quad, below) thread tid copies one statistics word: the absmax (plain) or the aligned word holding
-  // the 8-bit code (nested) of row tid (tid < 128), the nested absmax of row tid - 128 (nested, tid >= 128). Rows
-  // past N take row N - 1 (never stored); x rows past M arrive as zeros.
-  const int wr = tid >> 3, wc = tid & 7;
-  const uint8_t* w_src = p.packed + (n0 + wr) * (p.K / 2) + 16 * wc;
-  const long long w_rows32 = 32 * (p.K / 2);  // bytes between rows wr + 32 c and wr + 32 (c + 1)
-  const uint32_t w_dst = hole(wr) + 16 * (wc ^ (wr & 7));
+  // copies of one step: thread 0 starts the TMA load of the x tile; thread tid copies half (tid & 1) of weight
+  // row tid / 2 and one statistics word: the absmax (plain) or the aligned word holding the 8-bit code (nested) of
+  // row tid (tid < 128), the nested absmax of row tid - 128 (nested, tid >= 128). Rows past N take row N - 1 (never
+  // stored); x rows past M arrive as zeros.
+  const int wr = tid >> 1, wh = tid & 1;
+  const bool w_ok = n0 + wr < p.N;
+  const uint8_t* w_src = p.packed + (w_ok ? (n0 + wr) * (p.K / 2) + 16 * wh : 0);
+  const uint32_t w_dst = hole(wr >> 2) + 32 * (wr & 3) + 16 * wh;
   const int sr = tid & 127;
   const bool s_nab = kNested && tid >= 128;  // this thread copies the nested absmax
   const bool s_on = kNested || tid < 128;
   const long long s_rowk = min(n0 + sr, p.N - 1) * p.K;
-  const uint32_t s_dst = (s_nab ? 512 : 0) + 4 * sr;
+  const uint32_t s_dst = hole((s_nab ? 36 : 32) + (sr >> 5)) + 4 * (sr & 31);
 
-  auto w_quad = [&](int i) { return table_s + static_cast<uint32_t>(((i >> 2) % kWQuads) * 128 * 256); };
-  auto w_stage = [&](int i) { return stat_s + static_cast<uint32_t>((i % kWStages) * kStatBytes); };
+  auto w_stage = [&](int i) { return table_s + static_cast<uint32_t>((i % kWStages) * kHoles * 256); };
   auto x_stage = [&](int i) { return ring_s + static_cast<uint32_t>((i % kXStages) * C::kXBytes); };
   // copy group u: the weights and statistics of step u and the x tile of step u - kLag (those that exist)
   auto load_group = [&](int u) {
     if (u < nsteps) {
       const long long k0 = kstep(u) * kStep;
       const uint32_t ws = w_stage(u);
-      if ((u & 3) == 0) {  // the weight quad of steps u .. u + 3
-        const uint32_t wq = w_quad(u);
-        const bool k_ok = u + (wc >> 1) < nsteps;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const bool ok = k_ok && n0 + wr + 32 * c < p.N;
-          cp_async16(wq + w_dst + 32 * 256 * c, ok ? w_src + c * w_rows32 + k0 / 2 : p.packed, ok ? 16 : 0);
-        }
-      }
+      cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
       if (quad) {
         if ((u & 3) == 0 && s_on) {  // the quad of steps u .. u + 3
@@ -539,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     if constexpr (kNested) {
       const uint32_t q = (lds32(ws + q_off) >> (8 * ((code_lo + blk) & 3))) & 255u;
       // as bitsandbytes: two roundings
-      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(ws + q_off + 512))), offset);
+      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(ws + q_off + 4 * 256))), offset);
     } else {
       return __uint_as_float(lds32(ws + q_off));
     }
@@ -551,12 +531,10 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 
   // decode of step i's A fragments (16 registers: 4 k16 sub-steps x 4) from its weight stage
   auto decode = [&](int i, uint32_t (&f)[16]) {
-    const uint32_t ws = w_stage(i), wq = w_quad(i);
+    const uint32_t ws = w_stage(i);
     const float sa = absmax(ws, qa_off, ra, rka, i), sb = absmax(ws, qb_off, rb, rkb, i);
-    // this step's two chunks of each row: 2 (i % 4) and 2 (i % 4) + 1, rotated by row & 7 = g
-    const uint32_t c0 = 16u * ((2u * (i & 3)) ^ g), c1 = 16u * ((2u * (i & 3) + 1) ^ g);
-    const uint4 a0 = lds128(wq + wa_off + c0), a1 = lds128(wq + wa_off + c1);
-    const uint4 b0 = lds128(wq + wb_off + c0), b1 = lds128(wq + wb_off + c1);
+    const uint4 a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
+    const uint4 b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #if defined(FASTNF4_WG_NO_DECODE)  // diagnostic: constant fragments (time without the decode)
@@ -600,11 +578,10 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     wgmma_commit();
     fence_acc(acc);
     if (i + 1 < nsteps) {
-      // group i + 1 (the statistics of step i + 1; its weight quad came with group 4 ((i + 1) / 4)) landed. The
-      // barrier also means every warpgroup finished step i - 1's wgmma (waited for at the end of the previous
-      // iteration) and step i's decode, so x stage (i - 1), statistics stage i and, when i % 4 == 3, step i's
-      // weight quad can be refilled: group i + kWStages carries the statistics of step i + kWStages (and its weight
-      // quad when it starts one), and x of step i + kXD goes with it.
+      // group i + 1 (the weights of step i + 1) landed. The barrier also means every warpgroup finished step
+      // i - 1's wgmma (waited for at the end of the previous iteration) and step i's decode, so x stage (i - 1)
+      // and weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
+      // step i + kXD goes with it.
       cp_async_wait<kWStages - 2>();
       __syncthreads();
       load_group(i + kWStages);
