@@ -69,14 +69,15 @@ def mma_wanted(m: int, n: int) -> bool:
 # wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200
 # (benchmarks/probe_wgmma.py: results/h200-probe-wgmma-mid.json for M = 128 / 256 at 69bdd69, -m512.json for
 # M = 512; bench matmul; NOTES.md sessions 8 and 9). Per M bucket: (largest M, smallest N * K elements, smallest N),
-# and at M = 256 also wide weights (N >= 16384) from 110M elements. It loses on smaller weights (too few 128-row
+# and at M = 256 also wide weights (N >= 16384) from 120M elements. It loses on smaller weights (too few 128-row
 # tiles for 132 SMs: split-K and its float32 pass), on the narrow deep ones (N ~ 5K, K >= 21504) from M = 256,
 # and above M = 512; at M = 512 only Llama's gate_up (470M) won in both runs (by 11-15%; the 230-260M weights by
-# -1 to +13%). Two weights are ties within the run-to-run spread: Llama's qkv (84M) at M = 128 (105.0 vs 105.1 us
-# in the probe, 104.9 vs 103.9 in bench matmul of 11399b9) and Gemma's gate+up (115M) at M = 256 (154.8 vs 163.2,
-# then 161.4 vs 157.2).
+# -1 to +13%). Llama's qkv (84M) at M = 128 is a tie within the run-to-run spread (105.0 vs 105.1 us in the probe,
+# 104.9 vs 103.9 in bench matmul of 11399b9, 106.3 vs 104.1 at c9add98). Gemma's gate+up (115M) at M = 256 won in
+# the probe (154.8 vs 163.2) but lost in two bench runs (161.4 vs 157.2 at 11399b9, 173.5 vs 161.9 at c9add98):
+# dequantize + cuBLAS keeps it since session 10 (the wide rule starts at 120M; Qwen's gate+up, 131M, won 1.13-1.18x).
 WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 64 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
-WGMMA_WIDE = (256, 16384, 110 * 2**20)  # (M bucket, smallest N, smallest N * K)
+WGMMA_WIDE = (256, 16384, 120 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
 
 # M = 9-32 (x rows per block 16 / 32: benchmarks/probe_wgmma.py --small, results/h200-probe-wgmma-small.json at
