@@ -357,6 +357,10 @@ __device__ __forceinline__ void fence_acc(float (&d)[n]) {
   for (int i = 0; i < n; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+__device__ __forceinline__ const void* aligned_down(const void* p, uintptr_t align) {
+  return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) & ~(align - 1));
+}
+
 // wgmma shared-memory descriptor: K-major tile with the 128-byte swizzle, 8-row groups 1024 bytes apart
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
   return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
@@ -456,6 +460,8 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 
   auto w_stage = [&](int i) { return table_s + static_cast<uint32_t>((i % kWStages) * kHoles * 256); };
   auto x_stage = [&](int i) { return ring_s + static_cast<uint32_t>((i % kXStages) * C::kXBytes); };
+  // the statistics quad slot of step i
+  auto quad_at = [&](int i) { return quad_s + static_cast<uint32_t>(((i >> 2) % kQuadSlots) * kQuadBytes); };
   // copy group u: the weights and statistics of step u and the x tile of step u - kLag (those that exist)
   auto load_group = [&](int u) {
     if (u < nsteps) {
@@ -463,31 +469,17 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       const uint32_t ws = w_stage(u);
       cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
-      if (quad) {
-        if ((u & 3) == 0 && s_on) {  // the quad of steps u .. u + 3
-          const uint32_t qs = quad_s + static_cast<uint32_t>(((u >> 2) % kQuadSlots) * kQuadBytes);
-          const long long blk = (s_rowk + k0) >> p.log2_blocksize;
-          if constexpr (kNested) {
-            const void* src = s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
-                                    : reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(
-                                          reinterpret_cast<const uint8_t*>(p.absmax) + blk) & ~uintptr_t(3));
-            cp_async4(qs + (s_nab ? 512 : 0) + 4 * sr, src);
-          } else {
-            cp_async16(qs + 16 * sr, reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(
-                                         reinterpret_cast<const float*>(p.absmax) + blk) & ~uintptr_t(15)), 16);
-          }
-        }
-      } else if (s_on) {
+      if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
-        const void* src;
+        const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 512 : 0) + 4 * sr : 16 * sr) : ws + s_dst;
         if constexpr (kNested) {
-          src = s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
-                      : reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(
-                            reinterpret_cast<const uint8_t*>(p.absmax) + blk) & ~uintptr_t(3));
+          cp_async4(dst, s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
+                               : aligned_down(static_cast<const uint8_t*>(p.absmax) + blk, 4));
+        } else if (quad) {
+          cp_async16(dst, aligned_down(static_cast<const float*>(p.absmax) + blk, 16), 16);
         } else {
-          src = reinterpret_cast<const float*>(p.absmax) + blk;
+          cp_async4(dst, static_cast<const float*>(p.absmax) + blk);
         }
-        cp_async4(ws + s_dst, src);
       }
 #endif
     }
@@ -507,21 +499,15 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     return 1.f;
 #endif
     const uint32_t blk = (rk + static_cast<uint32_t>(kstep(i) * kStep)) >> lb;
-    if (quad) {
-      const uint32_t qs = quad_s + static_cast<uint32_t>(((i >> 2) % kQuadSlots) * kQuadBytes);
-      if constexpr (kNested) {
-        const uint32_t q = (lds32(qs + 4 * r) >> (8 * ((elem_lo + blk) & 3))) & 255u;
-        return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(qs + 512 + 4 * r))), offset);
-      } else {
-        return __uint_as_float(lds32(qs + 16 * r + 4 * ((elem_lo + blk) & 3)));
-      }
-    }
+    // the row's words: in its quad slot (float chunk at 16 r; code word at 4 r, nested absmax 512 bytes further)
+    // or in the weight stage (at q_off; nested absmax 4 holes = 1024 bytes further)
+    const uint32_t at = quad ? quad_at(i) + (kNested ? 4 : 16) * r : ws + q_off;
     if constexpr (kNested) {
-      const uint32_t q = (lds32(ws + q_off) >> (8 * ((code_lo + blk) & 3))) & 255u;
+      const uint32_t q = (lds32(at) >> (8 * ((code_lo + blk) & 3))) & 255u;
       // as bitsandbytes: two roundings
-      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(ws + q_off + 4 * 256))), offset);
+      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(at + (quad ? 512 : 1024)))), offset);
     } else {
-      return __uint_as_float(lds32(ws + q_off));
+      return __uint_as_float(lds32(quad ? at + 4 * ((elem_lo + blk) & 3) : at));
     }
   };
 
