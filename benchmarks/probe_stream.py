@@ -10,23 +10,10 @@ import sys
 import torch
 
 from fastnf4 import _cuda
+from fastnf4.bench.harness import time_cuda
 
 VARIANTS = ["cp 32 B x 6", "cp 32 B x 12", "cp 64 B x 6", "cp 128 B x 2", "cp 128 B x 3", "tma 32 B x 6",
             "tma 128 B x 2", "tma 128 B x 3", "tma 128 B x 4"]
-
-
-def median_us(fn, reps=25):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
-    return sorted(ts)[len(ts) // 2]
 
 
 def main():
@@ -42,7 +29,7 @@ def main():
         dst = torch.empty_like(w)
         nbytes = w.numel()
         row = {"weight": name, "N": n, "K": k, "bytes": nbytes}
-        row["copy_gbs"] = 2 * nbytes / median_us(lambda: dst.copy_(w)) / 1e3  # read + write
+        row["copy_gbs"] = 2 * nbytes / time_cuda([lambda: dst.copy_(w)])["median_us"] / 1e3  # read + write
         stream = torch.cuda.current_stream().cuda_stream
         for v, label in enumerate(VARIANTS):
             def run(v=v):
@@ -51,7 +38,7 @@ def main():
                     raise RuntimeError(f"variant {label}: launch error {rc}")
             run()
             torch.cuda.synchronize()
-            row[label] = nbytes / median_us(run) / 1e3
+            row[label] = nbytes / time_cuda([run])["median_us"] / 1e3
         out["rows"].append(row)
         print(f"{name:14} {nbytes / 1e6:6.0f} MB  copy {row['copy_gbs']:6.0f} GB/s  " +
               "  ".join(f"{lab} {row[lab]:5.0f}" for lab in VARIANTS), flush=True)
