@@ -434,15 +434,14 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
   const uint32_t qa_off = hole(32 + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(32 + (rb >> 5)) + 4 * (rb & 31);
-  // nested: byte position of the row's 8-bit code in its aligned word (low 32 bits of the element index suffice)
-  const uint32_t code_lo = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.absmax));
   const uint32_t rka = static_cast<uint32_t>(min(n0 + ra, p.N - 1) * p.K);
   const uint32_t rkb = static_cast<uint32_t>(min(n0 + rb, p.N - 1) * p.K);
   const uint32_t lb = static_cast<uint32_t>(p.log2_blocksize);
   const bool quad = (p.K & 255) == 0 && (p.steps_per_split & 3) == 0 &&
                     (reinterpret_cast<uintptr_t>(p.absmax) & (kNested ? 3 : 15)) == 0;
-  // the element's place in its aligned word / chunk: (address / element size + block) & 3
-  const uint32_t elem_lo = kNested ? code_lo : code_lo >> 2;
+  // a statistic's place in its aligned word (8-bit codes) / 16-byte chunk (float absmax): (address / element size
+  // + block) & 3; the low 32 bits of the address suffice
+  const uint32_t elem_lo = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.absmax)) >> (kNested ? 0 : 2);
 
   // copies of one step: thread 0 starts the TMA load of the x tile; thread tid copies half (tid & 1) of weight
   // row tid / 2 and one statistics word: the absmax (plain) or the aligned word holding the 8-bit code (nested) of
@@ -503,7 +502,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     // or in the weight stage (at q_off; nested absmax 4 holes = 1024 bytes further)
     const uint32_t at = quad ? quad_at(i) + (kNested ? 4 : 16) * r : ws + q_off;
     if constexpr (kNested) {
-      const uint32_t q = (lds32(at) >> (8 * ((code_lo + blk) & 3))) & 255u;
+      const uint32_t q = (lds32(at) >> (8 * ((elem_lo + blk) & 3))) & 255u;
       // as bitsandbytes: two roundings
       return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(at + (quad ? 512 : 1024)))), offset);
     } else {
@@ -628,32 +627,32 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   }
 }
 
-template <typename T, bool kNested>
-void* pick(int bm) {
-  switch (bm) {
-    case 16: return (void*)nf4_wgmma<T, 16, kNested>;
-    case 32: return (void*)nf4_wgmma<T, 32, kNested>;
-    case 64: return (void*)nf4_wgmma<T, 64, kNested>;
-    case 128: return (void*)nf4_wgmma<T, 128, kNested>;
-    case 256: return (void*)nf4_wgmma<T, 256, kNested>;
-  }
-  return nullptr;
+// a variant's kernel and its dynamic shared memory (kernel null: no such variant); the BM list lives here only
+struct Variant {
+  void* f;
+  int smem;
+};
+
+template <typename T, bool kNested, int BM>
+Variant variant_of() {
+  return {(void*)nf4_wgmma<T, BM, kNested>, Cfg<BM>::kSmem};
 }
 
-void* kernel_for(int dtype, int bm, int nested) {
+template <typename T, bool kNested>
+Variant pick(int bm) {
+  switch (bm) {
+    case 16: return variant_of<T, kNested, 16>();
+    case 32: return variant_of<T, kNested, 32>();
+    case 64: return variant_of<T, kNested, 64>();
+    case 128: return variant_of<T, kNested, 128>();
+    case 256: return variant_of<T, kNested, 256>();
+  }
+  return {nullptr, 0};
+}
+
+Variant variant_for(int dtype, int bm, int nested) {
   if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(bm) : pick<__nv_bfloat16, false>(bm);
   return nested ? pick<__half, true>(bm) : pick<__half, false>(bm);
-}
-
-int smem_for(int bm) {
-  switch (bm) {
-    case 16: return Cfg<16>::kSmem;
-    case 32: return Cfg<32>::kSmem;
-    case 64: return Cfg<64>::kSmem;
-    case 128: return Cfg<128>::kSmem;
-    case 256: return Cfg<256>::kSmem;
-  }
-  return 0;
 }
 
 }  // namespace fastnf4_wg
@@ -664,14 +663,14 @@ extern "C" {
 
 // Prepares a variant (shared-memory size attribute; loads the module): 1 when it can run on this GPU, else 0.
 int fastnf4_wgmma_ready(int dtype, int bm, int nested) {
-  void* f = fastnf4_wg::kernel_for(dtype, bm, nested);
-  if (f == nullptr) return 0;
-  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, fastnf4_wg::smem_for(bm)) != cudaSuccess) {
+  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
+  if (v.f == nullptr) return 0;
+  if (cudaFuncSetAttribute(v.f, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, fastnf4_wg::kThreads, fastnf4_wg::smem_for(bm)) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, v.f, fastnf4_wg::kThreads, v.smem) !=
       cudaSuccess) {
     cudaGetLastError();
     return 0;
@@ -683,8 +682,8 @@ int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 
 // dtype 0 = bf16, 1 = fp16; grid = (M tiles, N tiles, K splits); returns a cudaError_t.
 int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int gy, int gz, cudaStream_t stream) {
-  void* f = fastnf4_wg::kernel_for(dtype, bm, nested);
-  if (f == nullptr) return (int)cudaErrorInvalidValue;
+  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
+  if (v.f == nullptr) return (int)cudaErrorInvalidValue;
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
@@ -708,7 +707,7 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int gy
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)&kp};
-  return (int)cudaLaunchKernel(f, dim3(gx, gy, gz), dim3(fastnf4_wg::kThreads), args, fastnf4_wg::smem_for(bm), stream);
+  return (int)cudaLaunchKernel(v.f, dim3(gx, gy, gz), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
 }
 
 }  // extern "C"
