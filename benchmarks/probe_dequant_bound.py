@@ -1,0 +1,130 @@
+"""What the dequantize's bench timing allows on the small and mid shapes: kernels that do part of its work.
+
+Every kernel here has the production kernel's grid, tile and launch (2 warps, 1 KiB of packed bytes per program,
+PDL with ``gdc_wait`` first), and each row is timed as ``bench dequant`` times it (``time_graph``: 20 calls per
+graph, buffers rotated past L2). All percentages count the *dequantize's* bytes (packed + statistics + output)
+against the copy bandwidth of the same run, so a kernel that does less than the dequantize and still stays under
+a target shows that the target cannot be met by a dequantize timed this way.
+  empty:   gdc_wait + launch_dependents, nothing else (launch and block scheduling of the grid)
+  write:   the output tile stored (zeros, ``.cs``) with no load at all
+  read:    packed bytes and statistics loaded, nothing stored (a store behind a never-true test keeps the loads)
+  prod:    the production launch (``K.Prepared``)
+  trig_end / no_trig: the production body with ``launch_dependents`` after the stores, or never called
+  write_4k: the output stored by 4 KiB-of-packed tiles at 4 warps
+usage: python benchmarks/probe_dequant_bound.py [JSON]
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from fastnf4.bench.common import clone_weight, make_weight
+from fastnf4.bench.harness import copy_bandwidth, environment, rotation_count, time_graph
+from fastnf4.codebooks import kernel_code
+from fastnf4.ops.dequantize import kernel as K
+
+
+@triton.jit
+def _part(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_bytes, numel, n_blocks,
+          BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+          MODE: tl.constexpr, TRIG: tl.constexpr):
+    # MODE 0 empty, 1 write, 2 read, 3 the full dequantize; TRIG 0 at the start, 1 after the stores, 2 never
+    tl.extra.cuda.gdc_wait()
+    if TRIG == 0:
+        tl.extra.cuda.gdc_launch_dependents()
+    pid = tl.program_id(0)
+    o_row = pid * (ROWS * COLS) + tl.arange(0, ROWS) * COLS
+    o_out = 2 * o_row[:, None] + tl.arange(0, 2 * COLS)[None, :]
+    if MODE == 1:
+        tl.store(p_out + o_out, tl.zeros((ROWS, 2 * COLS), p_out.dtype.element_ty), mask=o_out < numel,
+                 cache_modifier=".cs")
+    if MODE >= 2:
+        o_bytes = o_row[:, None] + tl.arange(0, COLS)[None, :]
+        o_blk = o_row // (BLOCKSIZE // 2)
+        m_blk = o_blk < n_blocks
+        if NESTED:
+            b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
+            b_scale2 = tl.load(p_nabsmax + o_blk // 256, mask=m_blk, other=0.0)
+            b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
+        else:
+            b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
+        b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0, eviction_policy="evict_first")
+        if MODE == 2:
+            s = tl.sum(tl.sum(b_packed.to(tl.int32), 1) + b_absmax.to(tl.int32), 0)
+            if s == -12345:  # never: the packed sum is >= 0 and |absmax| < 2^31 for these weights
+                tl.store(p_out + pid, s.to(p_out.dtype.element_ty))
+        else:
+            b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
+            b_lo = tl.load(p_code + (b_packed & 15).to(tl.int32)) * b_absmax[:, None]
+            b_val = tl.reshape(tl.join(b_hi, b_lo), (ROWS, 2 * COLS))
+            tl.store(p_out + o_out, b_val.to(p_out.dtype.element_ty), mask=o_out < numel, cache_modifier=".cs")
+    if TRIG == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+VARIANTS = {  # name: (mode, trigger, packed bytes per program, warps)
+    "empty": (0, 0, 1024, 2), "write": (1, 0, 1024, 2), "write_4k": (1, 0, 4096, 4), "read": (2, 0, 1024, 2),
+    "full": (3, 0, 1024, 2), "trig_end": (3, 1, 1024, 2), "no_trig": (3, 2, 1024, 2),
+}
+SHAPES = [(1024, 5120), (1024, 8192), (2048, 5376), (4096, 5376), (8192, 5120), (8192, 5376), (10240, 5120),
+          (25600, 5120)]
+
+
+def main() -> None:
+    copy = copy_bandwidth()
+    print(f"copy {copy['GBps']:.0f} GB/s; % of copy counting the dequantize's bytes", flush=True)
+    rows = []
+    for (n, k) in SHAPES:
+        for nested in (False, True):
+            q, _ = make_weight(n, k, nested, 64, seed=n + k)
+            moved = q.nbytes() + q.numel * 2
+            reps = rotation_count(moved)
+            qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
+            outs = [torch.empty(q.numel, dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
+            code = kernel_code("nf4", q.device)
+            ref = torch.empty_like(outs[0])
+            K.Prepared(q.packed_u8, q.absmax, code, 64, q.numel, q.nested_code, q.nested_absmax, q.offset)(ref)
+            n_bytes = (q.numel + 1) // 2
+            row = dict(N=n, K=k, nested=nested, bytes=moved)
+            line = f"{n:6d}x{k:<6d} n{int(nested)} {moved / 1e6:5.0f} MB"
+            prod = [K.Prepared(w.packed_u8, w.absmax, code, 64, w.numel, w.nested_code, w.nested_absmax, w.offset)
+                    for w in qs]
+            for rnd in range(2):
+                t = time_graph([lambda i=i: prod[i](outs[i]) for i in range(reps)])
+                row[f"prod_us_{rnd}"] = t["median_us"]
+                line += f" | prod {100 * moved / t['median_us'] / 1e3 / copy['GBps']:5.1f}"
+                for name, (mode, trig, tile, warps) in VARIANTS.items():
+                    grid = (triton.cdiv(n_bytes, tile),)
+
+                    def call(i, mode=mode, trig=trig, tile=tile, warps=warps, grid=grid):
+                        w = qs[i]
+                        _part[grid](w.packed_u8, w.absmax, code, outs[i], w.nested_code if nested else code,
+                                    w.nested_absmax if nested else w.absmax, w.offset if nested else code,
+                                    n_bytes, w.numel, w.absmax.numel(), BLOCKSIZE=64, NESTED=nested,
+                                    ROWS=tile // 32, COLS=32, MODE=mode, TRIG=trig, num_warps=warps,
+                                    enable_fp_fusion=False, launch_pdl=True)
+
+                    if mode == 3:  # the full variants must equal the production kernel
+                        outs[0].fill_(float("nan"))
+                        call(0)
+                        row[f"{name}_ok"] = torch.equal(outs[0].view(torch.int16), ref.view(torch.int16))
+                    t = time_graph([lambda i=i: call(i) for i in range(reps)])
+                    row[f"{name}_us_{rnd}"] = t["median_us"]
+                    line += f" {name} {100 * moved / t['median_us'] / 1e3 / copy['GBps']:5.1f}"
+                    if mode == 3 and not row[f"{name}_ok"]:
+                        line += "!"
+            rows.append(row)
+            print(line, flush=True)
+            del qs, outs, prod
+            torch.cuda.empty_cache()
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"env": environment(), "copy": copy, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
