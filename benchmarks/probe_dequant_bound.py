@@ -11,7 +11,9 @@ a target shows that the target cannot be met by a dequantize timed this way.
   prod:    the production launch (``K.Prepared``)
   trig_end / no_trig: the production body with ``launch_dependents`` after the stores, or never called
   write_4k: the output stored by 4 KiB-of-packed tiles at 4 warps
-usage: python benchmarks/probe_dequant_bound.py [JSON]
+``--launch`` times only the empty kernel at several grid sizes, with and without PDL (the fixed cost of one call
+in this timing).
+usage: python benchmarks/probe_dequant_bound.py [--launch] [JSON]
 """
 from __future__ import annotations
 
@@ -74,7 +76,36 @@ SHAPES = [(1024, 5120), (1024, 8192), (2048, 5376), (4096, 5376), (8192, 5120), 
           (25600, 5120)]
 
 
+@triton.jit
+def _empty(p, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def launch_costs() -> list:
+    """Per-call microseconds of an empty kernel, 20 per graph, for grids of 1 to 104k two-warp programs."""
+    buf = torch.empty(16, device="cuda")
+    rows = []
+    for grid in (1, 132, 1056, 2560, 4224, 13440, 104000):
+        row = dict(grid=grid)
+        for pdl in (False, True):
+            t = time_graph([lambda: _empty[(grid,)](buf, PDL=pdl, num_warps=2, launch_pdl=pdl)])
+            row["pdl_us" if pdl else "plain_us"] = t["median_us"]
+        rows.append(row)
+        print(f"empty kernel, grid {grid:6d}: {row['plain_us']:6.2f} us plain, {row['pdl_us']:6.2f} us with PDL",
+              flush=True)
+    return rows
+
+
 def main() -> None:
+    if "--launch" in sys.argv:
+        sys.argv.remove("--launch")
+        rows = launch_costs()
+        if len(sys.argv) > 1:
+            with open(sys.argv[1], "w") as f:
+                json.dump({"env": environment(), "empty_kernel": rows}, f, indent=1)
+        return
     copy = copy_bandwidth()
     print(f"copy {copy['GBps']:.0f} GB/s; % of copy counting the dequantize's bytes", flush=True)
     rows = []
