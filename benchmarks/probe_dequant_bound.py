@@ -71,15 +71,17 @@ def _part(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_byt
 VARIANTS = {  # name: (mode, trigger, packed bytes per program, warps)
     "empty": (0, 0, 1024, 2), "write": (1, 0, 1024, 2), "write_4k": (1, 0, 4096, 4), "read": (2, 0, 1024, 2),
     "full": (3, 0, 1024, 2), "trig_end": (3, 1, 1024, 2), "no_trig": (3, 2, 1024, 2),
+    "full_2k4": (3, 0, 2048, 4), "full_2k2": (3, 0, 2048, 2), "full_4k8": (3, 0, 4096, 8), "full_4k4": (3, 0, 4096, 4),
 }
 SHAPES = [(1024, 5120), (1024, 8192), (2048, 5376), (4096, 5376), (8192, 5120), (8192, 5376), (10240, 5120),
           (25600, 5120)]
 
 
 @triton.jit
-def _empty(p, PDL: tl.constexpr):
-    if PDL:
+def _empty(p, WAIT: tl.constexpr, TRIG: tl.constexpr):
+    if WAIT:
         tl.extra.cuda.gdc_wait()
+    if TRIG:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -87,14 +89,18 @@ def launch_costs() -> list:
     """Per-call microseconds of an empty kernel, 20 per graph, for grids of 1 to 104k two-warp programs."""
     buf = torch.empty(16, device="cuda")
     rows = []
-    for grid in (1, 132, 1056, 2560, 4224, 13440, 104000):
-        row = dict(grid=grid)
-        for pdl in (False, True):
-            t = time_graph([lambda: _empty[(grid,)](buf, PDL=pdl, num_warps=2, launch_pdl=pdl)])
-            row["pdl_us" if pdl else "plain_us"] = t["median_us"]
-        rows.append(row)
-        print(f"empty kernel, grid {grid:6d}: {row['plain_us']:6.2f} us plain, {row['pdl_us']:6.2f} us with PDL",
-              flush=True)
+    kinds = {"plain": (False, False, False), "pdl_launch": (True, False, False), "wait": (True, True, False),
+             "trig": (True, False, True), "wait_trig": (True, True, True)}  # (launch_pdl, gdc_wait, trigger)
+    for warps in (2, 4, 8):
+        for grid in (1, 132, 2560, 5120, 20480, 104000):
+            row = dict(grid=grid, warps=warps)
+            line = f"empty kernel, {warps} warps, grid {grid:6d}:"
+            for name, (pdl, wait, trig) in kinds.items():
+                t = time_graph([lambda: _empty[(grid,)](buf, WAIT=wait, TRIG=trig, num_warps=warps, launch_pdl=pdl)])
+                row[f"{name}_us"] = t["median_us"]
+                line += f" {name} {t['median_us']:7.2f}"
+            rows.append(row)
+            print(line + " us", flush=True)
     return rows
 
 
