@@ -1,7 +1,8 @@
 """Where the wgmma kernel's time goes: graph timing of a few shapes for one build (FASTNF4_NVCC_FLAGS selects
 diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA,
 -DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_WSTAGES=n, -DFASTNF4_WG_XSTAGES=n), against bf16 cuBLAS in the same process.
-usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON]"""
+-DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n). --small: M 16 / 32 on eight weights only.
+usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON] [--small]"""
 import json
 import os
 import sys
@@ -14,12 +15,20 @@ from fastnf4.bench.common import clone_weight
 from fastnf4.bench.harness import rotation_count, time_graph
 from fastnf4.ops.matmul import wgmma
 
+SMALL = "--small" in sys.argv
+if SMALL:
+    sys.argv.remove("--small")
 label = sys.argv[1]
 rows = []
-for n, k, m, bm in ((57344, 8192, 16, 16), (5120, 25600, 32, 32), (51200, 5120, 32, 32), (5120, 8192, 16, 16),
-                    (57344, 8192, 64, 64), (57344, 8192, 128, 128), (57344, 8192, 256, 256),
-                    (57344, 8192, 512, 256), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
-                    (5120, 8192, 128, 128), (57344, 8192, 256, 128), (57344, 8192, 512, 128)):
+SHAPES = ((57344, 8192, 16, 16), (5120, 25600, 32, 32), (51200, 5120, 32, 32), (5120, 8192, 16, 16),
+          (57344, 8192, 64, 64), (57344, 8192, 128, 128), (57344, 8192, 256, 256),
+          (57344, 8192, 512, 256), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
+          (5120, 8192, 128, 128), (57344, 8192, 256, 128), (57344, 8192, 512, 128))
+if SMALL:
+    SHAPES = tuple((n, k, m, m) for m in (16, 32) for n, k in (
+        (57344, 8192), (8192, 28672), (8192, 8192), (10240, 5120), (5120, 25600), (8192, 5376), (5376, 4096),
+        (21504, 5376)))
+for n, k, m, bm in SHAPES:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w, blocksize=64, double_quant=True)
     reps = rotation_count(q.nbytes())

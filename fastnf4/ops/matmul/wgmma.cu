@@ -79,6 +79,18 @@ constexpr int kWStages = 6;
 #endif
 static_assert(kWStages * kHoles <= 256, "the weight ring fits in the table's holes");
 
+// "Rounded-code" decode for the variants with BM <= kFastMaxBM: the table holds the code pairs already rounded to
+// the input dtype (32 copies of 4 bytes), a pair is one PRMT + one 4-byte shared load, and the absmax is applied
+// in float32 to each step's product (a per-step accumulator, added to the running one with one FFMA per element
+// after the step's wgmma). The products are then x times the code rounded to the input dtype, not times the
+// exactly dequantized weight: the arithmetic of gemv_mma.cu's kernels (about 1.6x cuBLAS's error with bf16).
+// Needs one absmax per row and step: blocksize >= 64 (a requirement of this kernel anyway).
+#if defined(FASTNF4_WG_FAST_MAX_BM)
+constexpr int kFastMaxBM = FASTNF4_WG_FAST_MAX_BM;
+#else
+constexpr int kFastMaxBM = 0;
+#endif
+
 // Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
 // chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
 // instead of one per step (H200: the per-step statistics copies cost 10-26% of the kernel's time); a ring of
@@ -385,7 +397,12 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8
   return Pair<T>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
 }
 
-template <typename T, int BM, bool kNested>
+// rounded-code decode: PRMT -> (byte << 8) + 4 lane, one 4-byte load of the pair already in the input dtype
+__device__ __forceinline__ uint32_t decode_pair_rounded(uint32_t table_s, uint32_t lane4, uint32_t sel, uint32_t w) {
+  return lds32(table_s + __byte_perm(w, lane4, sel));
+}
+
+template <typename T, int BM, bool kNested, bool kFast>
 __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __grid_constant__ KParams kp) {
   using C = Cfg<BM>;
   const Params& p = kp.p;
@@ -410,12 +427,21 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const int nsteps = static_cast<int>(min(steps, s_begin + p.steps_per_split) - s_begin);
   auto kstep = [&](int u) -> long long { return s_begin + u; };
 
-  // code-pair table: entry v = (code[v >> 4], code[v & 15]) in float32, 16 copies
+  // code-pair table: entry v = (code[v >> 4], code[v & 15]) in float32, 16 copies (rounded-code decode: in the
+  // input dtype, 32 copies)
   {
     const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
+    if constexpr (kFast) {
+      const uint32_t pr = Pair<T>::make(hi, lo);
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi), "f"(lo));
+      for (int i = 0; i < 8; ++i)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(table_s + 256 * tid + 16 * i), "r"(pr));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi),
+                     "f"(lo));
+    }
     if constexpr (kNested) ncode[tid] = p.nested_code[tid];
     if (tid == 0) {
       for (int i = 0; i < kXStages; ++i) mbar_init(bars + 8 * i, 1);
@@ -430,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   auto hole = [](int h) { return static_cast<uint32_t>(256 * h + 128); };
   // the lane's two weight rows (local) and their statistics words
   const int ra = 64 * (warp >> 2) + 16 * (warp & 3) + g, rb = ra + 8;
-  const uint32_t lane8 = 8u * (lane & 15);
+  const uint32_t lane8 = kFast ? 4u * lane : 8u * (lane & 15);  // this lane's copy in a table entry
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
   const uint32_t qa_off = hole(32 + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(32 + (rb >> 5)) + 4 * (rb & 31);
@@ -514,10 +540,12 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
-  // decode of step i's A fragments (16 registers: 4 k16 sub-steps x 4) from its weight stage
-  auto decode = [&](int i, uint32_t (&f)[16]) {
+  // decode of step i's A fragments (16 registers: 4 k16 sub-steps x 4) from its weight stage; sa / sb: the absmax
+  // of the lane's two rows (applied here, or to the step's product with the rounded-code decode)
+  auto decode = [&](int i, uint32_t (&f)[16], float& sa, float& sb) {
     const uint32_t ws = w_stage(i);
-    const float sa = absmax(ws, qa_off, ra, rka, i), sb = absmax(ws, qb_off, rb, rkb, i);
+    sa = absmax(ws, qa_off, ra, rka, i);
+    sb = absmax(ws, qb_off, rb, rkb, i);
     const uint4 a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
     const uint4 b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
@@ -527,6 +555,16 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     for (int s = 0; s < 16; ++s) f[s] = wa[s & 7] ^ wb[(s + 3) & 7] ^ __float_as_uint(sa + sb);
     return;
 #endif
+    if constexpr (kFast) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        f[4 * s + 0] = decode_pair_rounded(table_s, lane8, sel, wa[2 * s]);
+        f[4 * s + 1] = decode_pair_rounded(table_s, lane8, sel, wb[2 * s]);
+        f[4 * s + 2] = decode_pair_rounded(table_s, lane8, sel, wa[2 * s + 1]);
+        f[4 * s + 3] = decode_pair_rounded(table_s, lane8, sel, wb[2 * s + 1]);
+      }
+      return;
+    }
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       f[4 * s + 0] = decode_pair<T>(table_s, lane8, sel, wa[2 * s], sa);
@@ -545,16 +583,30 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   cp_async_wait<kWStages - 1>();  // group 0 (the weights of step 0) landed
   __syncthreads();                // ... for every thread's copies; table and nested codes written
   uint32_t fa[16], fb[16];
-  decode(0, fa);
+  float sa_cur, sb_cur, sa_next = 0.f, sb_next = 0.f;
+  decode(0, fa, sa_cur, sb_cur);
+  // rounded-code decode: this step's product (its own accumulator), scaled and added after the wgmma
+  float part[kFast ? kAcc : 1];
 
   for (int i = 0; i < nsteps; ++i) {
     wait_x(i);
+    if constexpr (kFast) {
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) part[r] = 0.f;
+      fence_acc(part);
+    }
     fence_acc(acc);
     wgmma_fence();
 #if !defined(FASTNF4_WG_NO_MMA)  // diagnostic: no tensor-core work (time of loads and decode alone)
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      Wgmma<T, BM>::run(acc, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3], desc_sw128(x_stage(i) + 32 * s));
+      if constexpr (kFast) {
+        Wgmma<T, BM>::run(part, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3],
+                          desc_sw128(x_stage(i) + 32 * s));
+      } else {
+        Wgmma<T, BM>::run(acc, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3],
+                          desc_sw128(x_stage(i) + 32 * s));
+      }
     }
 #else
 #pragma unroll
@@ -562,6 +614,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #endif
     wgmma_commit();
     fence_acc(acc);
+    if constexpr (kFast) fence_acc(part);
     if (i + 1 < nsteps) {
       // group i + 1 (the weights of step i + 1) landed. The barrier also means every warpgroup finished step
       // i - 1's wgmma (waited for at the end of the previous iteration) and step i's decode, so x stage (i - 1)
@@ -571,9 +624,16 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       __syncthreads();
       load_group(i + kWStages);
       cp_async_commit();
-      decode(i + 1, fb);  // overlaps step i's wgmma
+      decode(i + 1, fb, sa_next, sb_next);  // overlaps step i's wgmma
     }
     wgmma_wait<0>();
+    if constexpr (kFast) {
+      fence_acc(part);  // the step's product is complete only after the wait
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) acc[r] = fmaf((r & 2) ? sb_cur : sa_cur, part[r], acc[r]);
+    }
+    sa_cur = sa_next;
+    sb_cur = sb_next;
     // wgmma reads its A registers asynchronously: keep this step's fragments alive (unchanged) until here, so the
     // next step's decode cannot be given the same registers
 #pragma unroll
@@ -635,7 +695,7 @@ struct Variant {
 
 template <typename T, bool kNested, int BM>
 Variant variant_of() {
-  return {(void*)nf4_wgmma<T, BM, kNested>, Cfg<BM>::kSmem};
+  return {(void*)nf4_wgmma<T, BM, kNested, (BM <= kFastMaxBM)>, Cfg<BM>::kSmem};
 }
 
 template <typename T, bool kNested>
