@@ -1,7 +1,7 @@
 """Where the wgmma kernel's time goes: graph timing of a few shapes for one build (FASTNF4_NVCC_FLAGS selects
 diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA,
 -DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_WSTAGES=n, -DFASTNF4_WG_XSTAGES=n), against bf16 cuBLAS in the same process.
--DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n). --small: M 16 / 32 on eight weights only.
+-DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n). --small: M 16 / 32 / 64 on eight weights only.
 usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON] [--small]"""
 import json
 import os
@@ -25,7 +25,7 @@ SHAPES = ((57344, 8192, 16, 16), (5120, 25600, 32, 32), (51200, 5120, 32, 32), (
           (57344, 8192, 512, 256), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
           (5120, 8192, 128, 128), (57344, 8192, 256, 128), (57344, 8192, 512, 128))
 if SMALL:
-    SHAPES = tuple((n, k, m, m) for m in (16, 32) for n, k in (
+    SHAPES = tuple((n, k, m, m) for m in (16, 32, 64) for n, k in (
         (57344, 8192), (8192, 28672), (8192, 8192), (10240, 5120), (5120, 25600), (8192, 5376), (5376, 4096),
         (21504, 5376)))
 for n, k, m, bm in SHAPES:
