@@ -17,6 +17,7 @@ from fastnf4.ops.matmul import gemv_mma, wgmma
 
 torch.manual_seed(0)
 out = {"env": {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("FASTNF4_COMMIT", "?"),
+               "nvcc_flags": os.environ.get("FASTNF4_NVCC_FLAGS", ""),
                "torch": torch.__version__}, "check": [], "time": []}
 worst = 0.0
 fails = 0

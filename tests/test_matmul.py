@@ -87,12 +87,13 @@ def test_wgmma_dispatch_on_model_shapes():
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
              for mm in (8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
     assert taken[8] == [] and taken[513] == taken[2048] == []
-    # M 9-32 (probe_wgmma.py --small): Qwen o, Gemma q / o from M 9; from M 17 also the narrow deep downs and the
-    # widest weights; the GEMM kernel keeps N = 8192-21504 (Llama q+o / down / qkv, Qwen q / qkv, Gemma gate+up)
-    narrow = {(5120, 8192), (4096, 5376), (5376, 4096)}
-    assert set(taken[9]) == set(taken[16]) == narrow
-    assert set(taken[17]) == set(taken[32]) == narrow | {(5120, 25600), (5376, 21504), (28672, 8192), (57344, 8192),
-                                                          (25600, 5120), (51200, 5120), (43008, 5376)}
+    # M 9-32 (probe_wgmma.py --small): at M 9-16 Qwen o / down, Gemma q / o and the widest weights (N >= 20480); the
+    # GEMM kernel keeps N = 8192-10240 (Llama q+o / qkv, Qwen q / qkv, Gemma qkv) and Llama / Gemma down; at M 17-32
+    # every weight of >= 20M elements
+    m16 = {(5120, 8192), (5120, 25600), (4096, 5376), (5376, 4096), (28672, 8192), (57344, 8192), (25600, 5120),
+           (51200, 5120), (21504, 5376), (43008, 5376)}
+    assert set(taken[9]) == set(taken[16]) == m16
+    assert set(taken[17]) == set(taken[32]) == {(n, k) for _, _, n, k in model_shapes() if n * k >= 20 * 2**20}
     assert taken[33] == taken[64]
     assert (4096, 5376) not in taken[64] and (5376, 4096) not in taken[64]  # Gemma q / o lost at M = 64
     assert {(8192, 5120), (5120, 8192), (10240, 8192), (8192, 5376)} <= set(taken[64])
@@ -315,3 +316,15 @@ def test_is_kernel_code():
     assert codebooks.is_kernel_code(t) and codebooks.is_kernel_code(kernel_code("fp4", torch.device("cpu")))
     assert not codebooks.is_kernel_code(t.clone())
     assert not codebooks.is_kernel_code(codebooks.code_4bit("nf4"))  # a fresh copy, which a kernel may write
+
+
+def test_wgmma_rounded_code_variants_match_the_source():
+    """``wgmma.FAST_MAX_BM`` (the GPU tests' error budget per variant) is the kernel's default ``kFastMaxBM``."""
+    import re
+
+    from fastnf4.ops.matmul import wgmma
+
+    src = open(wgmma.SOURCE).read()
+    default = re.search(r"#else\s+constexpr int kFastMaxBM = (\d+);", src)
+    assert default is not None and int(default.group(1)) == wgmma.FAST_MAX_BM
+    assert wgmma.FAST_MAX_BM in wgmma.BLOCK_M

@@ -1,9 +1,11 @@
 """The Hopper prefill kernel (ops/matmul/wgmma.cu) on the GPU.
 
-It multiplies by exactly the dequantized weight (float32 code x float32 absmax, one rounding to the input dtype,
-as ``dequantize``), so against a float64 product of x and the dequantized weight its error must match that of
-cuBLAS on the same weight (accumulation order and output rounding only): ratio within 1.1, on fresh random data,
-outputs poisoned with NaN first. The shapes cover odd M (partial x tiles, M from 9), N off the 128-row tile,
+For M > 32 (x rows per block >= 64) it multiplies by exactly the dequantized weight (float32 code x float32 absmax,
+one rounding to the input dtype, as ``dequantize``), so against a float64 product of x and the dequantized weight
+its error must match that of cuBLAS on the same weight (accumulation order and output rounding only): ratio within
+1.1. The M <= 32 variants (16 / 32 rows per block) multiply by the codes rounded to the input dtype and apply the
+absmax to each K step's product in float32 (as gemv_mma.cu's kernels): the issue's budget, within 2x cuBLAS's error
+(measured up to 1.7x). Fresh random data, outputs poisoned with NaN first. The shapes cover odd M (partial x tiles, M from 9), N off the 128-row tile,
 K = 64 and K = 64 x odd, every x-rows-per-block variant, forced split-K, both dtypes, double quant on and off,
 blocksizes 64 to 4096, bias.
 """
@@ -28,6 +30,11 @@ def _rel(y, ref):
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
+def _budget(m, bm=None):
+    """Error allowed relative to cuBLAS on the dequantized weight: exact decode 1.1, rounded codes (BM <= 32) 2."""
+    return 2.0 if (bm or wgmma.block_m(m)) <= wgmma.FAST_MAX_BM else 1.1
+
+
 def _check(q, m, dtype, bias, **force):
     n, k = q.shape
     wd = fastnf4.dequantize(q, dtype)
@@ -37,7 +44,7 @@ def _check(q, m, dtype, bias, **force):
     wgmma.launch(x, *linear_args(q, bias), y=y, **force)
     assert torch.isfinite(y).all()
     cublas = torch.nn.functional.linear(x, wd, bias)
-    assert _rel(y, ref) <= 1.1 * _rel(cublas, ref)
+    assert _rel(y, ref) <= _budget(m, force.get("bm")) * _rel(cublas, ref)
 
 
 @pytest.mark.parametrize("n, k", [(200, 64), (1000, 576), (4096, 2048)])

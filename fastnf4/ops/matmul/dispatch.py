@@ -80,26 +80,32 @@ WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 64 * 2**20, 0), (256, 200 * 2**20, 8192)
 WGMMA_WIDE = (256, 16384, 120 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
 
-# M = 9-32 (x rows per block 16 / 32: benchmarks/probe_wgmma.py --small, results/h200-probe-wgmma-small.json at
-# d401305): the wgmma kernel's time hardly moves with M there (decode-bound), the GEMM kernel's grows. It took
-# over where it won against the path used before, on weights of >= 20M elements: at M 9-16 the narrow shallow
-# ones (N <= 6144, K <= 8192: Qwen o 27.8 vs 42.5 us, Gemma q / o 19.8 / 20.4 vs 22.9 / 22.7 at M 16); at M 17-32
-# those with N < 8192 (before: dequantize + cuBLAS; Qwen o / down 29.2 / 76.8 vs 55 / 155 us at M 32, Gemma q / o /
-# down) and the widest (N >= 24576: Llama gate+up / gate_up, Qwen gate+up / gate_up, Gemma gate_up: 1.14-1.75x the
-# GEMM kernel at M 24-32). The GEMM kernel kept N = 8192-21504 (Llama q+o / down / qkv, Qwen q / qkv, Gemma qkv /
-# gate+up: it won or tied) and M <= 8 (it won on all but Qwen o).
+# M = 9-32 (x rows per block 16 / 32, which decode with rounded codes: wgmma.cu kFastMaxBM): the wgmma kernel's time
+# hardly moves with M there (decode-bound), the GEMM kernel's grows with its variant (M <= 8 / 16 / 32, so M = 16
+# stands for 9-16 and M = 24 / 32 for 17-32). benchmarks/probe_wgmma.py --small at c06ecc0 built with
+# -DFASTNF4_WG_FAST_MAX_BM=64 (BM 16 / 32 decode as the default build does now)
+# (results/h200-probe-wgmma-small-fast.json, graph timing, us, wgmma vs GEMM kernel):
+# - M 17-32: wgmma won on all 17 weights of >= 20M elements (closest: Llama down 112.7 vs 119.0 at M 24, Llama qkv
+#   49.4 vs 56.3, Gemma down 65.3 vs 70.4; widest: Qwen gate_up 118.8 vs 240.3 at M 32).
+# - M 9-16: wgmma won on the widest (N >= 20480: Llama gate+up 101.9 vs 148.4, gate_up 180.2 vs 192.4, Qwen gate+up /
+#   gate_up 66.7 / 112.1 vs 74.7 / 143.1, Gemma gate_up 94.4 vs 109.4, Gemma gate+up 57.2 vs 57.9), the narrow
+#   shallow ones (N <= 6144 and K <= 8192: Qwen o 24.0 vs 42.1, Gemma q / o 17.3 / 17.9 vs 22.2 / 21.9) and Qwen down
+#   (N = 5120: 60.8 vs 70.8); the GEMM kernel kept N = 8192-10240 (Llama q+o 32.5 vs 37.1, Llama qkv 42.8 vs 46.7, Qwen
+#   q / qkv 25.0 / 31.2 vs 28.5 / 32.8, Gemma qkv 26.1 vs 25.9: a tie) and the deep downs of N >= 5376 (Llama down
+#   89.1 vs 105.0, Gemma down 53.8 vs 62.2).
+# - M <= 8: the GEMM kernel won on all but Qwen o (30.9 vs 23.5) and ties on Gemma q / o; it keeps them all.
 WGMMA_SMALL_MIN_ELEMS = 20 * 2**20
-WGMMA_SMALL_NARROW = (16, 6144, 8192)  # (largest M, largest N, largest K)
-WGMMA_SMALL_BAND = (32, 8192, 24576)   # (largest M, N from which the GEMM kernel keeps the weight, N from which not)
+WGMMA_SMALL_M16 = (16, 5120, 6144, 8192, 20480)  # (largest M, N up to which any K, N up to which K <= 8192, N from)
 
 
 def wgmma_wanted(m: int, n: int, k: int) -> bool:
     if m <= MMA_MAX_M:
         if m <= 8 or n * k < WGMMA_SMALL_MIN_ELEMS:
             return False
-        if m <= WGMMA_SMALL_NARROW[0]:
-            return n <= WGMMA_SMALL_NARROW[1] and k <= WGMMA_SMALL_NARROW[2]
-        return n < WGMMA_SMALL_BAND[1] or n >= WGMMA_SMALL_BAND[2]
+        if m <= WGMMA_SMALL_M16[0]:
+            _, any_k, shallow_n, shallow_k, wide = WGMMA_SMALL_M16
+            return n <= any_k or (n <= shallow_n and k <= shallow_k) or n >= wide
+        return True
     for mm, elems, min_n in WGMMA_MIN:
         if m <= mm:
             return (n * k >= elems and n >= min_n) or (

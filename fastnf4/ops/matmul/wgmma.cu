@@ -10,8 +10,10 @@
 // load from a 256-entry table of float32 value pairs (16 copies: no bank conflicts) gives its two codes; two
 // float32 products with the block's absmax and one rounding to the input dtype make exactly the dequantized
 // weight (as ``dequantize``), so the error is that of cuBLAS on the dequantized weight. (Scaling code pairs already
-// rounded to bf16 with HMUL2 was 1.6-2.4x cuBLAS's error: over the 2x budget.) x is the B operand, read by wgmma
-// from a 128-byte-swizzled shared-memory tile (BM rows x 128 bytes per step).
+// rounded to bf16 with HMUL2 was 1.6-2.4x cuBLAS's error: over the 2x budget.) The variants for M <= 32 (BM 16 / 32)
+// decode with rounded codes instead (kFastMaxBM below: code pairs in the input dtype, absmax applied in float32 to
+// each step's product; up to 1.7x cuBLAS's error, as gemv_mma.cu). x is the B operand, read by wgmma from a
+// 128-byte-swizzled shared-memory tile (BM rows x 128 bytes per step).
 //
 // Pipeline: x tiles arrive by TMA (thread 0, one 2D box per step, kXStages stages, an mbarrier each) kXStages - 1
 // steps ahead; the packed weights (4 KiB per step) by cp.async kWStages - 1 steps ahead into the unused halves of
@@ -85,10 +87,12 @@ static_assert(kWStages * kHoles <= 256, "the weight ring fits in the table's hol
 // after the step's wgmma). The products are then x times the code rounded to the input dtype, not times the
 // exactly dequantized weight: the arithmetic of gemv_mma.cu's kernels (about 1.6x cuBLAS's error with bf16).
 // Needs one absmax per row and step: blocksize >= 64 (a requirement of this kernel anyway).
-#if defined(FASTNF4_WG_FAST_MAX_BM)
+// H200 (benchmarks/probe_wgmma_parts.py --small, NOTES.md session 11): 1.10-1.18x faster than the exact decode at
+// BM 16 / 32, 1.03-1.08x at BM 64 (127-128 registers); the exact decode keeps BM >= 64 (M > 32).
+#if defined(FASTNF4_WG_FAST_MAX_BM)  // experiments: 0 = exact decode everywhere
 constexpr int kFastMaxBM = FASTNF4_WG_FAST_MAX_BM;
 #else
-constexpr int kFastMaxBM = 0;
+constexpr int kFastMaxBM = 32;
 #endif
 
 // Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
@@ -563,14 +567,14 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
         f[4 * s + 2] = decode_pair_rounded(table_s, lane8, sel, wa[2 * s + 1]);
         f[4 * s + 3] = decode_pair_rounded(table_s, lane8, sel, wb[2 * s + 1]);
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      f[4 * s + 0] = decode_pair<T>(table_s, lane8, sel, wa[2 * s], sa);
-      f[4 * s + 1] = decode_pair<T>(table_s, lane8, sel, wb[2 * s], sb);
-      f[4 * s + 2] = decode_pair<T>(table_s, lane8, sel, wa[2 * s + 1], sa);
-      f[4 * s + 3] = decode_pair<T>(table_s, lane8, sel, wb[2 * s + 1], sb);
+      for (int s = 0; s < 4; ++s) {
+        f[4 * s + 0] = decode_pair<T>(table_s, lane8, sel, wa[2 * s], sa);
+        f[4 * s + 1] = decode_pair<T>(table_s, lane8, sel, wb[2 * s], sb);
+        f[4 * s + 2] = decode_pair<T>(table_s, lane8, sel, wa[2 * s + 1], sa);
+        f[4 * s + 3] = decode_pair<T>(table_s, lane8, sel, wb[2 * s + 1], sb);
+      }
     }
   };
 

@@ -18,6 +18,7 @@ SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
 BLOCK_M = (16, 32, 64, 128, 256)
+FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
 MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_MIN; a test ties the two)
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 
