@@ -22,9 +22,8 @@
 // issues its four wgmma asynchronously, decodes the next step's fragments while they run, then waits: the decode of
 // step j + 1 overlaps the tensor-core work of step j. One block barrier per step (the weight copies).
 // Epilogue: bias, conversion, a padded shared-memory transpose and 16-byte row stores of y; with split-K
-// (gridDim.z > 1) float32 partial sums, one [M, N] slice per split, and an arrival on the output tile's counter:
-// the block that completes a tile adds its partials in split order (results do not depend on timing), adds the
-// bias, converts, stores y and resets the counter to zero for the next launch.
+// (gridDim.z > 1) float32 partial sums, one [M, N] slice per split, which the caller adds up in a fixed order
+// (results do not depend on timing), with the bias, and converts.
 //
 // Copies of whole aligned 4- or 16-byte statistics words can read up to 15 bytes past the end of the absmax
 // array, never past the aligned 16-byte chunk that holds its last element (so never into another page).
@@ -53,7 +52,6 @@ struct Params {
   const void* bias;            // [N] or null
   void* y;                     // [M, N]
   float* y32;                  // [splits, M, N] float32 partial sums when split-K, else null
-  int* counters;               // [M tiles x N tiles] split-K arrivals, zero between launches (split-K only)
   long long M, N, K;
   long long log2_blocksize;
   long long steps_per_split;   // K steps (of 64) per blockIdx.z
@@ -659,29 +657,8 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const long long m = m0 + 8 * j + 2 * t + (e & 1), n = e < 2 ? na : nb;
-        if (m < p.M && n < p.N) __stcg(p.y32 + (blockIdx.z * p.M + m) * p.N + n, acc[4 * j + e]);
+        if (m < p.M && n < p.N) p.y32[(blockIdx.z * p.M + m) * p.N + n] = acc[4 * j + e];
       }
-    }
-    // arrival: this block's partials are visible before its count; the block that completes the tile settles it
-    __threadfence();
-    __syncthreads();
-    volatile int* last = reinterpret_cast<volatile int*>(ring);
-    if (tid == 0) {
-      int* counter = p.counters + blockIdx.x * gridDim.y + blockIdx.y;
-      const bool done = atomicAdd(counter, 1) == static_cast<int>(gridDim.z) - 1;
-      if (done) atomicExch(counter, 0);  // every split has arrived: ready for the next launch
-      *last = done;
-    }
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();  // the other splits' partials are visible here
-    for (int c = tid; c < BM * kBN; c += kThreads) {  // consecutive threads take consecutive n
-      const long long m = m0 + c / kBN, n = n0 + c % kBN;
-      if (m >= p.M || n >= p.N) continue;
-      float v = 0.f;
-      for (unsigned z = 0; z < gridDim.z; ++z) v += __ldcg(p.y32 + (z * p.M + m) * p.N + n);
-      if (p.bias != nullptr) v += Pair<T>::load(p.bias, n);
-      reinterpret_cast<uint16_t*>(p.y)[m * p.N + n] = Pair<T>::bits(v);
     }
     return;
   }

@@ -2,8 +2,7 @@
 
 Built for ``sm_90a`` only (wgmma does not exist elsewhere); ``supports`` says whether a call can take it,
 ``launch`` runs it on the current stream (no host synchronisation; capturable in a CUDA graph once the
-library is loaded and the split-K counters exist: ``supports`` makes both outside a capture; a call that finds no
-counters runs without split-K).
+library is loaded: ``supports`` loads it).
 """
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ BLOCK_M = (16, 32, 64, 128, 256)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
 MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_MIN; a test ties the two)
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
-_COUNTERS = 1 << 16  # split-K arrival counters per device: one per output tile (M tiles x N tiles)
 
 
 class Params(ctypes.Structure):
@@ -30,7 +28,7 @@ class Params(ctypes.Structure):
         ("packed", ctypes.c_void_p), ("absmax", ctypes.c_void_p), ("nested_code", ctypes.c_void_p),
         ("nested_absmax", ctypes.c_void_p), ("offset", ctypes.c_void_p), ("code", ctypes.c_void_p),
         ("x", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("y32", ctypes.c_void_p),
-        ("counters", ctypes.c_void_p), ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong),
+        ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong),
         ("log2_blocksize", ctypes.c_longlong), ("steps_per_split", ctypes.c_longlong),
     ]
 
@@ -65,21 +63,6 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-_counters: dict[int, torch.Tensor] = {}
-
-
-def _counters_for(index: int) -> torch.Tensor | None:
-    """The device's split-K counters (zero between launches: the block that completes a tile resets its counter);
-    never allocated inside a graph capture (None there until made outside one)."""
-    buf = _counters.get(index)
-    if buf is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        buf = torch.zeros(_COUNTERS, dtype=torch.int32, device=torch.device("cuda", index))
-        _counters[index] = buf
-    return buf
-
-
 def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k: int, nested: bool = False,
              nested_blocksize: int = 256) -> bool:
     """Shapes and layouts the kernel handles (Hopper only); everything else takes the other paths."""
@@ -92,10 +75,7 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
     if packed.data_ptr() % 16 or x2d.data_ptr() % 16 or not x2d.is_contiguous():
         return False
     lib = _lib_for(_index(x2d.device))
-    if lib is None or lib.ready[(_DTYPES[x2d.dtype], block_m(x2d.shape[0]), int(nested))] <= 0:
-        return False
-    _counters_for(_index(x2d.device))  # made here, outside a capture, so that captured calls can split K
-    return True
+    return lib is not None and lib.ready[(_DTYPES[x2d.dtype], block_m(x2d.shape[0]), int(nested))] > 0
 
 
 def block_m(m: int) -> int:
@@ -156,23 +136,23 @@ class Prepared:
         else:
             per = -(-steps // splits)
             s = -(-steps // per)
-        gx, gy = -(-m // bm), -(-n // ROWS)
-        counters = _counters_for(self.index) if s > 1 else None
-        if s > 1 and (counters is None or gx * gy > _COUNTERS):  # no counters (first call inside a capture)
-            s, per = 1, steps
         if y is None:
             y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
         y32 = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
         p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per
-        p.bias = bias.data_ptr() if bias is not None else None
+        p.bias = bias.data_ptr() if bias is not None and s == 1 else None
         p.y32 = y32.data_ptr() if y32 is not None else None
-        p.counters = counters.data_ptr() if y32 is not None else None
-        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), gx, gy, s,
-                                        torch._C._cuda_getCurrentRawStream(self.index))
+        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), -(-m // bm),
+                                        -(-n // ROWS), s, torch._C._cuda_getCurrentRawStream(self.index))
         if rc != 0:
             raise RuntimeError(f"wgmma launch failed (cudaError {rc})")
-        return y  # with split-K the kernel's last block per tile added the partials (in split order) and the bias
+        if y32 is not None:  # split-K: partial sums added in a fixed order (deterministic), bias, one rounding
+            total = y32.sum(0)
+            if bias is not None:
+                total += bias.float()
+            y.copy_(total)
+        return y
 
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
