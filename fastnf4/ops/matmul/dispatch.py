@@ -76,7 +76,10 @@ def mma_wanted(m: int, n: int) -> bool:
 # 104.9 vs 103.9 in bench matmul of 11399b9, 106.3 vs 104.1 at c9add98). Gemma's gate+up (115M) at M = 256 won in
 # the probe (154.8 vs 163.2) but lost in two bench runs (161.4 vs 157.2 at 11399b9, 173.5 vs 161.9 at c9add98):
 # dequantize + cuBLAS keeps it since session 10 (the wide rule starts at 120M; Qwen's gate+up, 131M, won 1.13-1.18x).
-WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 64 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
+# Session 11: with the one-wave split-K plan (wgmma.plan) the weights of 20-64M elements at M = 128 take it too
+# (probe_wgmma_splits.py, 4ab29c6's kernel, against dequantize + cuBLAS in the 4ab29c6 bench: Qwen q / o / qkv
+# 40.4 / 41.8 / 52.4 vs 55.6 / 57.8 / 68.0 us, Gemma q / qkv 28.5 / 42.7 vs 31.6 / 57.7, Gemma o 29.3 vs 29.7).
+WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 20 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
 WGMMA_WIDE = (256, 16384, 120 * 2**20)  # (M bucket, smallest N, smallest N * K)
 
 

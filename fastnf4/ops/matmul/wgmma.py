@@ -90,12 +90,22 @@ def block_m(m: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def plan(m: int, n: int, k: int, slots: int, bm: int) -> tuple[int, int]:
     """(splits, steps per split): split K when the output tiles alone would leave some of the ``slots`` (resident
-    blocks on the whole GPU) idle."""
+    blocks on the whole GPU) idle, into as many splits as fit in one wave, or one more where that overfills the
+    GPU by at most 1/16 of its slots. H200 (benchmarks/probe_wgmma_splits.py, results/h200-probe-wgmma-splits.json):
+    one wave against the earlier ceil(slots / tiles) splits (up to 1.7 waves) was faster on 42 of 47 (weight, M)
+    pairs, by 1.1-1.46x on 36 (e.g. Llama down at M = 128 153 vs 204 us, Qwen q at M = 32 25.2 vs 31.2), within 4% on
+    Gemma gate+up / qkv, and slower only on Qwen o at M = 16-64 (26.2 vs 24.0 us: 6 splits against 7, whose 280
+    blocks overfill the 264 slots by 16, hence the 1/16)."""
     steps = k // STEP
     tiles = -(-m // bm) * -(-n // ROWS)
     if tiles >= slots:
         return 1, steps
-    want = min(-(-slots // tiles), max(1, steps // 8))  # at least 8 steps per split
+    want = max(1, slots // tiles)
+    if (want + 1) * tiles <= slots + slots // 16:
+        want += 1
+    want = min(want, max(1, steps // 8))  # at least 8 steps per split
+    if want == 1:
+        return 1, steps
     per = -(-steps // want)
     if steps % 4 == 0:
         per = -(-per // 4) * 4  # whole 4-step statistics quads per split (wgmma.cu copies them only then)
