@@ -22,8 +22,9 @@
 // issues its four wgmma asynchronously, decodes the next step's fragments while they run, then waits: the decode of
 // step j + 1 overlaps the tensor-core work of step j. One block barrier per step (the weight copies).
 // Epilogue: bias, conversion, a padded shared-memory transpose and 16-byte row stores of y; with split-K
-// (gridDim.z > 1) float32 partial sums, one [M, N] slice per split, which the caller adds up in a fixed order
-// (results do not depend on timing), with the bias, and converts.
+// (gridDim.z > 1) float32 partial sums, one [M, N] slice per split, which a second kernel (splitk_sum, launched
+// right after on the same stream) adds up in split order (results do not depend on timing), with the bias, and
+// converts.
 //
 // Copies of whole aligned 4- or 16-byte statistics words can read up to 15 bytes past the end of the absmax
 // array, never past the aligned 16-byte chunk that holds its last element (so never into another page).
@@ -691,6 +692,21 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   }
 }
 
+// y = sum of the S float32 partial slices [S, M, N] in split order (+ bias), rounded once to the output dtype.
+// One launch over the whole GPU (an in-kernel settle by the block completing each tile was 1.5-2x slower:
+// NOTES.md session 11; torch's sum + copy took two launches).
+template <typename T>
+__global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32, const void* bias, void* y, int splits,
+                                                  long long mn, long long n) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < mn;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float v = 0.f;
+    for (int z = 0; z < splits; ++z) v += __ldcs(y32 + z * mn + i);
+    if (bias != nullptr) v += Pair<T>::load(bias, i % n);
+    reinterpret_cast<uint16_t*>(y)[i] = Pair<T>::bits(v);
+  }
+}
+
 // a variant's kernel and its dynamic shared memory (kernel null: no such variant); the BM list lives here only
 struct Variant {
   void* f;
@@ -771,7 +787,17 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int gy
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)&kp};
-  return (int)cudaLaunchKernel(v.f, dim3(gx, gy, gz), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
+  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, gy, gz), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
+  if (rc != cudaSuccess || gz == 1) return (int)rc;
+  // split-K: the partial slices are complete when the next kernel on the stream starts
+  const long long mn = p->M * p->N;
+  const int blocks = (int)(mn / 256 + 1 < 132 * 8 ? mn / 256 + 1 : 132 * 8);
+  if (dtype == 0) {
+    fastnf4_wg::splitk_sum<__nv_bfloat16><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, gz, mn, p->N);
+  } else {
+    fastnf4_wg::splitk_sum<__half><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, gz, mn, p->N);
+  }
+  return (int)cudaGetLastError();
 }
 
 }  // extern "C"

@@ -151,18 +151,13 @@ class Prepared:
         y32 = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
         p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per
-        p.bias = bias.data_ptr() if bias is not None and s == 1 else None
+        p.bias = bias.data_ptr() if bias is not None else None  # with split-K applied by the sum kernel
         p.y32 = y32.data_ptr() if y32 is not None else None
         rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), -(-m // bm),
                                         -(-n // ROWS), s, torch._C._cuda_getCurrentRawStream(self.index))
         if rc != 0:
             raise RuntimeError(f"wgmma launch failed (cudaError {rc})")
-        if y32 is not None:  # split-K: partial sums added in a fixed order (deterministic), bias, one rounding
-            total = y32.sum(0)
-            if bias is not None:
-                total += bias.float()
-            y.copy_(total)
-        return y
+        return y  # with split-K, wgmma.cu's second kernel added the partials in split order, the bias, and rounded
 
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
