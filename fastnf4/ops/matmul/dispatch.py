@@ -66,21 +66,17 @@ def mma_wanted(m: int, n: int) -> bool:
     return any(m <= mm and n >= nn for mm, nn in MMA_MIN_N)
 
 
-# wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200
-# (benchmarks/probe_wgmma.py: results/h200-probe-wgmma-mid.json for M = 128 / 256 at 69bdd69, -m512.json for
-# M = 512; bench matmul; NOTES.md sessions 8 and 9). Per M bucket: (largest M, smallest N * K elements, smallest N),
-# and at M = 256 also wide weights (N >= 16384) from 120M elements. It loses on smaller weights (too few 128-row
-# tiles for 132 SMs: split-K and its float32 pass), on the narrow deep ones (N ~ 5K, K >= 21504) from M = 256,
-# and above M = 512; at M = 512 only Llama's gate_up (470M) won in both runs (by 11-15%; the 230-260M weights by
-# -1 to +13%). Llama's qkv (84M) at M = 128 is a tie within the run-to-run spread (105.0 vs 105.1 us in the probe,
-# 104.9 vs 103.9 in bench matmul of 11399b9, 106.3 vs 104.1 at c9add98). Gemma's gate+up (115M) at M = 256 won in
-# the probe (154.8 vs 163.2) but lost in two bench runs (161.4 vs 157.2 at 11399b9, 173.5 vs 161.9 at c9add98):
-# dequantize + cuBLAS keeps it since session 10 (the wide rule starts at 120M; Qwen's gate+up, 131M, won 1.13-1.18x).
-# Session 11: with the one-wave split-K plan (wgmma.plan) the weights of 20-64M elements at M = 128 take it too
-# (probe_wgmma_splits.py, 4ab29c6's kernel, against dequantize + cuBLAS in the 4ab29c6 bench: Qwen q / o / qkv
-# 40.4 / 41.8 / 52.4 vs 55.6 / 57.8 / 68.0 us, Gemma q / qkv 28.5 / 42.7 vs 31.6 / 57.7, Gemma o 29.3 vs 29.7).
-WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 20 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
-WGMMA_WIDE = (256, 16384, 120 * 2**20)  # (M bucket, smallest N, smallest N * K)
+# wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200. Per M
+# bucket: (largest M, smallest N * K elements, smallest N). Since session 11's one-wave split-K plan (wgmma.plan)
+# every weight from 20M elements takes it at M 65-256 (probe_wgmma.py --mid at 8cb3bd6,
+# results/h200-probe-wgmma-mid-onewave.json, against dequantize + cuBLAS in the same process: at M = 128 (BM 128)
+# all 17 model weights of >= 8 MB, 1.20-1.85x, e.g. Qwen q 35.6 vs 56.0 us, Gemma o 24.8 vs 29.8; at M = 256 (BM 256)
+# all 17, 1.01-1.56x: Llama q+o 70.0 vs 92.8, Qwen down 125.3 vs 189.7, Gemma gate+up 150.5 vs 158.6, Gemma o 34.8 vs
+# 35.2, a tie). Before it (ceil plan, sessions 8-10: results/h200-probe-wgmma-mid.json, -m512.json) the weights under
+# 64M elements lost at M = 128 and all but the big and the wide ones at M = 256. M 33-64 keeps its session-9 rule
+# (Gemma q / o, 22M, lost there; their split plan did not change). At M = 512 only Llama's gate_up (470M) won in both
+# runs of session 9 (by 11-15%; the 230-260M weights by -1 to +13%); above M = 512 dequantize + cuBLAS.
+WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 20 * 2**20, 0), (256, 20 * 2**20, 0), (512, 400 * 2**20, 8192))
 
 
 # M = 9-32 (x rows per block 16 / 32, which decode with rounded codes: wgmma.cu kFastMaxBM): the wgmma kernel's time
@@ -111,8 +107,7 @@ def wgmma_wanted(m: int, n: int, k: int) -> bool:
         return True
     for mm, elems, min_n in WGMMA_MIN:
         if m <= mm:
-            return (n * k >= elems and n >= min_n) or (
-                mm == WGMMA_WIDE[0] and n >= WGMMA_WIDE[1] and n * k >= WGMMA_WIDE[2])
+            return n * k >= elems and n >= min_n
     return False
 
 
