@@ -68,15 +68,20 @@ def mma_wanted(m: int, n: int) -> bool:
 
 # wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200. Per M
 # bucket: (largest M, smallest N * K elements, smallest N). Since session 11's one-wave split-K plan (wgmma.plan)
-# every weight from 20M elements takes it at M 65-256 (probe_wgmma.py --mid at 8cb3bd6,
-# results/h200-probe-wgmma-mid-onewave.json, against dequantize + cuBLAS in the same process: at M = 128 (BM 128)
-# all 17 model weights of >= 8 MB, 1.20-1.85x, e.g. Qwen q 35.6 vs 56.0 us, Gemma o 24.8 vs 29.8; at M = 256 (BM 256)
-# all 17, 1.01-1.56x: Llama q+o 70.0 vs 92.8, Qwen down 125.3 vs 189.7, Gemma gate+up 150.5 vs 158.6, Gemma o 34.8 vs
-# 35.2, a tie). Before it (ceil plan, sessions 8-10: results/h200-probe-wgmma-mid.json, -m512.json) the weights under
-# 64M elements lost at M = 128 and all but the big and the wide ones at M = 256. M 33-64 keeps its session-9 rule
-# (Gemma q / o, 22M, lost there; their split plan did not change). At M = 512 only Llama's gate_up (470M) won in both
-# runs of session 9 (by 11-15%; the 230-260M weights by -1 to +13%); above M = 512 dequantize + cuBLAS.
-WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 20 * 2**20, 0), (256, 20 * 2**20, 0), (512, 400 * 2**20, 8192))
+# every weight from 20M elements takes it at M 65-128 (probe_wgmma.py --mid at 8cb3bd6,
+# results/h200-probe-wgmma-mid-onewave.json, against dequantize + cuBLAS in the same process: all 17 model weights of
+# >= 8 MB, 1.20-1.85x, e.g. Qwen q 35.6 vs 56.0 us, Gemma o 24.8 vs 29.8). At M 129-256 (BM 256, 132 slots) the same
+# probe had all 17 ahead (1.01-1.56x), but in bench matmul at a0e04cf Llama qkv lost (135.7 vs 118.7 us) and Gemma
+# gate+up tied (164.0 vs 163.0): weights of 67-131 row tiles neither split K nor fill the GPU. So at M 129-256:
+# the weights of <= 66 row tiles (N <= 8448: they split K) from 20M elements (Llama q+o 71.0 vs 93.3, Qwen down
+# 145.6 vs 193.4, Gemma down 118.9 vs 167.7, Gemma o 34.3 vs 34.8 in that bench), plus, as before, the big (>= 200M,
+# N >= 8192) and the wide (N >= 16384, >= 120M: not Gemma gate+up, 115M) ones. Before the one-wave plan (sessions
+# 8-10: results/h200-probe-wgmma-mid.json, -m512.json) the weights under 64M elements lost at M = 128. M 33-64 keeps
+# its session-9 rule (Gemma q / o, 22M, lost there; their split plan did not change). At M = 512 only Llama's gate_up
+# (470M) won in both runs of session 9 (by 11-15%; the 230-260M weights by -1 to +13%); above, dequantize + cuBLAS.
+WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 20 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
+WGMMA_WIDE = (256, 16384, 120 * 2**20)   # (M bucket, smallest N, smallest N * K)
+WGMMA_SPLIT = (256, 8448, 20 * 2**20)    # (M bucket, largest N, smallest N * K): weights that split K there
 
 
 # M = 9-32 (x rows per block 16 / 32, which decode with rounded codes: wgmma.cu kFastMaxBM): the wgmma kernel's time
@@ -107,7 +112,9 @@ def wgmma_wanted(m: int, n: int, k: int) -> bool:
         return True
     for mm, elems, min_n in WGMMA_MIN:
         if m <= mm:
-            return n * k >= elems and n >= min_n
+            return (n * k >= elems and n >= min_n) or (
+                mm == WGMMA_WIDE[0] and n >= WGMMA_WIDE[1] and n * k >= WGMMA_WIDE[2]) or (
+                mm == WGMMA_SPLIT[0] and n <= WGMMA_SPLIT[1] and n * k >= WGMMA_SPLIT[2])
     return False
 
 
