@@ -17,17 +17,14 @@ usage: python benchmarks/probe_dequant_bound.py [--launch] [JSON]
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
 import triton
 import triton.language as tl
+from dequant_probe_case import SHAPES, Case, write_json
 
-from fastnf4.bench.common import clone_weight, make_weight
-from fastnf4.bench.harness import copy_bandwidth, environment, rotation_count, time_graph
-from fastnf4.codebooks import kernel_code
-from fastnf4.ops.dequantize import kernel as K
+from fastnf4.bench.harness import copy_bandwidth, time_graph
 
 
 @triton.jit
@@ -73,8 +70,6 @@ VARIANTS = {  # name: (mode, trigger, packed bytes per program, warps)
     "full": (3, 0, 1024, 2), "trig_end": (3, 1, 1024, 2), "no_trig": (3, 2, 1024, 2),
     "full_2k4": (3, 0, 2048, 4), "full_2k2": (3, 0, 2048, 2), "full_4k8": (3, 0, 4096, 8), "full_4k4": (3, 0, 4096, 4),
 }
-SHAPES = [(1024, 5120), (1024, 8192), (2048, 5376), (4096, 5376), (8192, 5120), (8192, 5376), (10240, 5120),
-          (25600, 5120)]
 
 
 @triton.jit
@@ -107,60 +102,30 @@ def launch_costs() -> list:
 def main() -> None:
     if "--launch" in sys.argv:
         sys.argv.remove("--launch")
-        rows = launch_costs()
-        if len(sys.argv) > 1:
-            with open(sys.argv[1], "w") as f:
-                json.dump({"env": environment(), "empty_kernel": rows}, f, indent=1)
+        write_json([], None, empty_kernel=launch_costs())
         return
     copy = copy_bandwidth()
     print(f"copy {copy['GBps']:.0f} GB/s; % of copy counting the dequantize's bytes", flush=True)
     rows = []
     for (n, k) in SHAPES:
         for nested in (False, True):
-            q, _ = make_weight(n, k, nested, 64, seed=n + k)
-            moved = q.nbytes() + q.numel * 2
-            reps = rotation_count(moved)
-            qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
-            outs = [torch.empty(q.numel, dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
-            code = kernel_code("nf4", q.device)
-            ref = torch.empty_like(outs[0])
-            K.Prepared(q.packed_u8, q.absmax, code, 64, q.numel, q.nested_code, q.nested_absmax, q.offset)(ref)
-            n_bytes = (q.numel + 1) // 2
-            row = dict(N=n, K=k, nested=nested, bytes=moved)
-            line = f"{n:6d}x{k:<6d} n{int(nested)} {moved / 1e6:5.0f} MB"
-            prod = [K.Prepared(w.packed_u8, w.absmax, code, 64, w.numel, w.nested_code, w.nested_absmax, w.offset)
-                    for w in qs]
+            c = Case(n, k, nested)
+            row, line = dict(N=n, K=k, nested=nested, bytes=c.moved), c.label()
             for rnd in range(2):
-                t = time_graph([lambda i=i: prod[i](outs[i]) for i in range(reps)])
-                row[f"prod_us_{rnd}"] = t["median_us"]
-                line += f" | prod {100 * moved / t['median_us'] / 1e3 / copy['GBps']:5.1f}"
+                row[f"prod_us_{rnd}"] = us = c.time_us(lambda i: c.prod[i](c.outs[i]))
+                line += f" | prod {c.pct(us, copy):5.1f}"
                 for name, (mode, trig, tile, warps) in VARIANTS.items():
-                    grid = (triton.cdiv(n_bytes, tile),)
-
-                    def call(i, mode=mode, trig=trig, tile=tile, warps=warps, grid=grid):
-                        w = qs[i]
-                        _part[grid](w.packed_u8, w.absmax, code, outs[i], w.nested_code if nested else code,
-                                    w.nested_absmax if nested else w.absmax, w.offset if nested else code,
-                                    n_bytes, w.numel, w.absmax.numel(), BLOCKSIZE=64, NESTED=nested,
-                                    ROWS=tile // 32, COLS=32, MODE=mode, TRIG=trig, num_warps=warps,
-                                    enable_fp_fusion=False, launch_pdl=True)
+                    def call(i, mode=mode, trig=trig, tile=tile, warps=warps):
+                        c.launch(_part, i, tile, warps, MODE=mode, TRIG=trig)
 
                     if mode == 3:  # the full variants must equal the production kernel
-                        outs[0].fill_(float("nan"))
-                        call(0)
-                        row[f"{name}_ok"] = torch.equal(outs[0].view(torch.int16), ref.view(torch.int16))
-                    t = time_graph([lambda i=i: call(i) for i in range(reps)])
-                    row[f"{name}_us_{rnd}"] = t["median_us"]
-                    line += f" {name} {100 * moved / t['median_us'] / 1e3 / copy['GBps']:5.1f}"
-                    if mode == 3 and not row[f"{name}_ok"]:
-                        line += "!"
+                        row[f"{name}_ok"] = c.exact(lambda: call(0))
+                    row[f"{name}_us_{rnd}"] = us = c.time_us(call)
+                    line += f" {name} {c.pct(us, copy):5.1f}{'!' if mode == 3 and not row[f'{name}_ok'] else ''}"
             rows.append(row)
             print(line, flush=True)
-            del qs, outs, prod
-            torch.cuda.empty_cache()
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump({"env": environment(), "copy": copy, "rows": rows}, f, indent=1)
+            c.close()
+    write_json(rows, copy)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,11 @@ usage: python benchmarks/probe_dequant_prefetch.py [JSON]
 """
 from __future__ import annotations
 
-import json
-import sys
-
-import torch
 import triton
 import triton.language as tl
+from dequant_probe_case import SHAPES, Case, write_json
 
-from fastnf4.bench.common import clone_weight, make_weight
-from fastnf4.bench.harness import copy_bandwidth, environment, rotation_count, time_graph
-from fastnf4.codebooks import kernel_code
+from fastnf4.bench.harness import copy_bandwidth
 from fastnf4.ops.dequantize import kernel as K
 
 
@@ -64,8 +59,6 @@ def _variant(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_
 
 
 VARIANTS = {"pf0": 0, "pf1": 1, "pf2": 2}  # the variant with the production body first, then the prefetches
-SHAPES = [(1024, 5120), (1024, 8192), (2048, 5376), (4096, 5376), (8192, 5120), (8192, 5376), (10240, 5120),
-          (25600, 5120)]
 
 
 def main() -> None:
@@ -74,50 +67,23 @@ def main() -> None:
     rows = []
     for (n, k) in SHAPES:
         for nested in (False, True):
-            q, _ = make_weight(n, k, nested, 64, seed=n + k)
-            moved = q.nbytes() + q.numel * 2
-            reps = rotation_count(moved)
-            qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
-            outs = [torch.empty(q.numel, dtype=torch.bfloat16, device="cuda") for _ in range(reps)]
-            code = kernel_code("nf4", q.device)
-            ref = torch.empty_like(outs[0])
-            K.Prepared(q.packed_u8, q.absmax, code, 64, q.numel, q.nested_code, q.nested_absmax, q.offset)(ref)
-            n_bytes = (q.numel + 1) // 2
-            row = dict(N=n, K=k, nested=nested, bytes=moved)
-            line = f"{n:6d}x{k:<6d} n{int(nested)} {moved / 1e6:5.0f} MB"
-            prod = [K.Prepared(w.packed_u8, w.absmax, code, 64, w.numel, w.nested_code, w.nested_absmax, w.offset)
-                    for w in qs]
+            c = Case(n, k, nested)
+            row, line = dict(N=n, K=k, nested=nested, bytes=c.moved), c.label()
             for rnd in range(2):  # two rounds, the production launch first in each
-                t = time_graph([lambda i=i: prod[i](outs[i]) for i in range(reps)])
-                row[f"prod_pct_{rnd}"] = 100 * moved / t["median_us"] / 1e3 / copy["GBps"]
+                row[f"prod_pct_{rnd}"] = c.pct(c.time_us(lambda i: c.prod[i](c.outs[i])), copy)
                 line += f" | prod {row[f'prod_pct_{rnd}']:5.1f}"
                 for name, pf in VARIANTS.items():
-                    grid = (triton.cdiv(n_bytes, K.TILE_BYTES),)
+                    def call(i, pf=pf):
+                        c.launch(_variant, i, K.TILE_BYTES, K.NUM_WARPS, PF=pf)
 
-                    def call(i, pf=pf, grid=grid):
-                        w = qs[i]
-                        nc = w.nested_code if nested else code
-                        _variant[grid](w.packed_u8, w.absmax, code, outs[i], nc,
-                                       w.nested_absmax if nested else w.absmax, w.offset if nested else code,
-                                       n_bytes, w.numel, w.absmax.numel(), BLOCKSIZE=64, NESTED=nested,
-                                       ROWS=K.TILE_BYTES // 32, COLS=32, PF=pf, num_warps=K.NUM_WARPS,
-                                       enable_fp_fusion=False, launch_pdl=True)
-
-                    outs[0].fill_(float("nan"))
-                    call(0)
-                    ok = torch.equal(outs[0].view(torch.int16), ref.view(torch.int16))
-                    t = time_graph([lambda i=i: call(i) for i in range(reps)])
-                    pct = 100 * moved / t["median_us"] / 1e3 / copy["GBps"]
-                    row[f"{name}_pct_{rnd}"], row[f"{name}_ok"] = pct, ok
-                    row[f"{name}_us_{rnd}"] = t["median_us"]
-                    line += f" {name} {pct:5.1f}{'' if ok else '!'}"
+                    row[f"{name}_ok"] = ok = c.exact(lambda: call(0))
+                    row[f"{name}_us_{rnd}"] = us = c.time_us(call)
+                    row[f"{name}_pct_{rnd}"] = c.pct(us, copy)
+                    line += f" {name} {c.pct(us, copy):5.1f}{'' if ok else '!'}"
             rows.append(row)
             print(line, flush=True)
-            del qs, outs, prod
-            torch.cuda.empty_cache()
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump({"env": environment(), "copy": copy, "rows": rows}, f, indent=1)
+            c.close()
+    write_json(rows, copy)
 
 
 if __name__ == "__main__":
