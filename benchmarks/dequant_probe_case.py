@@ -9,15 +9,43 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 
 from fastnf4.bench.common import clone_weight, make_weight
-from fastnf4.bench.harness import environment, rotation_count, time_graph
+from fastnf4.bench.harness import copy_bandwidth, environment, rotation_count, time_graph
 from fastnf4.codebooks import kernel_code
 from fastnf4.ops.dequantize import kernel as K
 
 # Qwen k/v, Llama k/v, Gemma k/v, Gemma q, Qwen q, Gemma qkv, Qwen qkv, Qwen gate+up
 SHAPES = [(1024, 5120), (1024, 8192), (2048, 5376), (4096, 5376), (8192, 5120), (8192, 5376), (10240, 5120),
           (25600, 5120)]
+
+
+@triton.jit
+def load_tile(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row, n_bytes, n_blocks, live,
+          BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, COLS: tl.constexpr):
+    """The production kernel's loads for the rows at ``o_row`` (``live``: load at all): packed bytes, absmax."""
+    o_bytes = o_row[:, None] + tl.arange(0, COLS)[None, :]
+    o_blk = o_row // (BLOCKSIZE // 2)
+    m_blk = (o_blk < n_blocks) & live
+    if NESTED:
+        b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
+        b_scale2 = tl.load(p_nabsmax + o_blk // 256, mask=m_blk, other=0.0)
+        b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
+    else:
+        b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
+    b_packed = tl.load(p_packed + o_bytes, mask=(o_bytes < n_bytes) & live, other=0, eviction_policy="evict_first")
+    return b_packed, b_absmax
+
+
+@triton.jit
+def decode_store(p_code, p_out, b_packed, b_absmax, o_row, numel, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The production kernel's decode and streaming store of those rows."""
+    b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
+    b_lo = tl.load(p_code + (b_packed & 15).to(tl.int32)) * b_absmax[:, None]
+    b_val = tl.reshape(tl.join(b_hi, b_lo), (ROWS, 2 * COLS))
+    o_out = 2 * o_row[:, None] + tl.arange(0, 2 * COLS)[None, :]
+    tl.store(p_out + o_out, b_val.to(p_out.dtype.element_ty), mask=o_out < numel, cache_modifier=".cs")
 
 
 class Case:
@@ -66,6 +94,36 @@ class Case:
     def close(self):
         del self.qs, self.outs, self.prod
         torch.cuda.empty_cache()
+
+
+def sweep(variants: dict, exact: set | None = None, rounds: int = 2, note: str = "") -> tuple[list, dict]:
+    """Every shape of SHAPES, double quant off and on: the production launch, then each variant
+    (``name -> launch(case, i)``), ``rounds`` times in that order; the variants named in ``exact`` (default: all)
+    are first checked bitwise against the production result ("!" after the figure when not). Prints one line
+    per case (% of the same-run copy bandwidth counting the dequantize's bytes); returns (rows, copy)."""
+    copy = copy_bandwidth()
+    print(f"copy {copy['GBps']:.0f} GB/s{note}", flush=True)
+    rows = []
+    for (n, k) in SHAPES:
+        for nested in (False, True):
+            c = Case(n, k, nested)
+            row, line = dict(N=n, K=k, nested=nested, bytes=c.moved), c.label()
+            for rnd in range(rounds):
+                row[f"prod_us_{rnd}"] = us = c.time_us(lambda i: c.prod[i](c.outs[i]))
+                line += f" | prod {c.pct(us, copy):5.1f}"
+                for name, launch in variants.items():
+                    def call(i, launch=launch):
+                        launch(c, i)
+
+                    ok = True
+                    if exact is None or name in exact:
+                        row[f"{name}_ok"] = ok = c.exact(lambda: call(0))
+                    row[f"{name}_us_{rnd}"] = us = c.time_us(call)
+                    line += f" {name} {c.pct(us, copy):5.1f}{'' if ok else '!'}"
+            rows.append(row)
+            print(line, flush=True)
+            c.close()
+    return rows, copy
 
 
 def write_json(rows: list, copy: dict | None = None, **extra) -> None:

@@ -22,9 +22,9 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from dequant_probe_case import SHAPES, Case, write_json
+from dequant_probe_case import decode_store, load_tile, sweep, write_json
 
-from fastnf4.bench.harness import copy_bandwidth, time_graph
+from fastnf4.bench.harness import time_graph
 
 
 @triton.jit
@@ -42,25 +42,14 @@ def _part(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_byt
         tl.store(p_out + o_out, tl.zeros((ROWS, 2 * COLS), p_out.dtype.element_ty), mask=o_out < numel,
                  cache_modifier=".cs")
     if MODE >= 2:
-        o_bytes = o_row[:, None] + tl.arange(0, COLS)[None, :]
-        o_blk = o_row // (BLOCKSIZE // 2)
-        m_blk = o_blk < n_blocks
-        if NESTED:
-            b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
-            b_scale2 = tl.load(p_nabsmax + o_blk // 256, mask=m_blk, other=0.0)
-            b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
-        else:
-            b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
-        b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0, eviction_policy="evict_first")
+        b_packed, b_absmax = load_tile(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row, n_bytes, n_blocks,
+                                       True, BLOCKSIZE, NESTED, COLS)
         if MODE == 2:
             s = tl.sum(tl.sum(b_packed.to(tl.int32), 1) + b_absmax.to(tl.int32), 0)
             if s == -12345:  # never: the packed sum is >= 0 and |absmax| < 2^31 for these weights
                 tl.store(p_out + pid, s.to(p_out.dtype.element_ty))
         else:
-            b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
-            b_lo = tl.load(p_code + (b_packed & 15).to(tl.int32)) * b_absmax[:, None]
-            b_val = tl.reshape(tl.join(b_hi, b_lo), (ROWS, 2 * COLS))
-            tl.store(p_out + o_out, b_val.to(p_out.dtype.element_ty), mask=o_out < numel, cache_modifier=".cs")
+            decode_store(p_code, p_out, b_packed, b_absmax, o_row, numel, ROWS, COLS)
     if TRIG == 1:
         tl.extra.cuda.gdc_launch_dependents()
 
@@ -104,27 +93,11 @@ def main() -> None:
         sys.argv.remove("--launch")
         write_json([], None, empty_kernel=launch_costs())
         return
-    copy = copy_bandwidth()
-    print(f"copy {copy['GBps']:.0f} GB/s; % of copy counting the dequantize's bytes", flush=True)
-    rows = []
-    for (n, k) in SHAPES:
-        for nested in (False, True):
-            c = Case(n, k, nested)
-            row, line = dict(N=n, K=k, nested=nested, bytes=c.moved), c.label()
-            for rnd in range(2):
-                row[f"prod_us_{rnd}"] = us = c.time_us(lambda i: c.prod[i](c.outs[i]))
-                line += f" | prod {c.pct(us, copy):5.1f}"
-                for name, (mode, trig, tile, warps) in VARIANTS.items():
-                    def call(i, mode=mode, trig=trig, tile=tile, warps=warps):
-                        c.launch(_part, i, tile, warps, MODE=mode, TRIG=trig)
-
-                    if mode == 3:  # the full variants must equal the production kernel
-                        row[f"{name}_ok"] = c.exact(lambda: call(0))
-                    row[f"{name}_us_{rnd}"] = us = c.time_us(call)
-                    line += f" {name} {c.pct(us, copy):5.1f}{'!' if mode == 3 and not row[f'{name}_ok'] else ''}"
-            rows.append(row)
-            print(line, flush=True)
-            c.close()
+    rows, copy = sweep({name: (lambda c, i, mode=mode, trig=trig, tile=tile, warps=warps:
+                               c.launch(_part, i, tile, warps, MODE=mode, TRIG=trig))
+                        for name, (mode, trig, tile, warps) in VARIANTS.items()},
+                       exact={name for name, v in VARIANTS.items() if v[0] == 3},
+                       note="; % of copy counting the dequantize's bytes")
     write_json(rows, copy)
 
 

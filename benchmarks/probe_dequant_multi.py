@@ -12,34 +12,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from dequant_probe_case import SHAPES, Case, write_json
-
-from fastnf4.bench.harness import copy_bandwidth
-
-
-@triton.jit
-def _load(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row, n_bytes, n_blocks, live,
-          BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, COLS: tl.constexpr):
-    o_bytes = o_row[:, None] + tl.arange(0, COLS)[None, :]
-    o_blk = o_row // (BLOCKSIZE // 2)
-    m_blk = (o_blk < n_blocks) & live
-    if NESTED:
-        b_q = tl.load(p_absmax + o_blk, mask=m_blk, other=0).to(tl.int32)
-        b_scale2 = tl.load(p_nabsmax + o_blk // 256, mask=m_blk, other=0.0)
-        b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
-    else:
-        b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
-    b_packed = tl.load(p_packed + o_bytes, mask=(o_bytes < n_bytes) & live, other=0, eviction_policy="evict_first")
-    return b_packed, b_absmax
-
-
-@triton.jit
-def _decode_store(p_code, p_out, b_packed, b_absmax, o_row, numel, ROWS: tl.constexpr, COLS: tl.constexpr):
-    b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
-    b_lo = tl.load(p_code + (b_packed & 15).to(tl.int32)) * b_absmax[:, None]
-    b_val = tl.reshape(tl.join(b_hi, b_lo), (ROWS, 2 * COLS))
-    o_out = 2 * o_row[:, None] + tl.arange(0, 2 * COLS)[None, :]
-    tl.store(p_out + o_out, b_val.to(p_out.dtype.element_ty), mask=o_out < numel, cache_modifier=".cs")
+from dequant_probe_case import decode_store, load_tile, sweep, write_json
 
 
 @triton.jit
@@ -52,19 +25,19 @@ def _multi(p_packed, p_absmax, p_code, p_out, p_ncode, p_nabsmax, p_offset, n_by
     pid = tl.program_id(0)
     o_row = pid * (T * ROWS * COLS) + tl.arange(0, ROWS) * COLS
     STEP: tl.constexpr = ROWS * COLS
-    a_packed, a_absmax = _load(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row, n_bytes, n_blocks, True,
-                               BLOCKSIZE, NESTED, COLS)
+    a_packed, a_absmax = load_tile(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row, n_bytes, n_blocks, True,
+                                   BLOCKSIZE, NESTED, COLS)
     if DEPTH == 2:
-        b_packed, b_absmax = _load(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row + STEP, n_bytes,
-                                   n_blocks, T > 1, BLOCKSIZE, NESTED, COLS)
+        b_packed, b_absmax = load_tile(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row + STEP, n_bytes,
+                                       n_blocks, T > 1, BLOCKSIZE, NESTED, COLS)
     for t in tl.static_range(T):
         if DEPTH == 1:
-            n_packed, n_absmax = _load(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row + STEP, n_bytes,
-                                       n_blocks, t + 1 < T, BLOCKSIZE, NESTED, COLS)
+            n_packed, n_absmax = load_tile(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row + STEP,
+                                           n_bytes, n_blocks, t + 1 < T, BLOCKSIZE, NESTED, COLS)
         else:
-            n_packed, n_absmax = _load(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row + 2 * STEP,
-                                       n_bytes, n_blocks, t + 2 < T, BLOCKSIZE, NESTED, COLS)
-        _decode_store(p_code, p_out, a_packed, a_absmax, o_row, numel, ROWS, COLS)
+            n_packed, n_absmax = load_tile(p_packed, p_absmax, p_ncode, p_nabsmax, p_offset, o_row + 2 * STEP,
+                                           n_bytes, n_blocks, t + 2 < T, BLOCKSIZE, NESTED, COLS)
+        decode_store(p_code, p_out, a_packed, a_absmax, o_row, numel, ROWS, COLS)
         o_row += STEP
         if DEPTH == 1:
             a_packed, a_absmax = n_packed, n_absmax
@@ -80,27 +53,9 @@ VARIANTS = {  # name: (packed bytes per tile, tiles per program, depth, warps)
 
 
 def main() -> None:
-    copy = copy_bandwidth()
-    print(f"copy {copy['GBps']:.0f} GB/s", flush=True)
-    rows = []
-    for (n, k) in SHAPES:
-        for nested in (False, True):
-            c = Case(n, k, nested)
-            row, line = dict(N=n, K=k, nested=nested, bytes=c.moved), c.label()
-            for rnd in range(2):
-                row[f"prod_us_{rnd}"] = us = c.time_us(lambda i: c.prod[i](c.outs[i]))
-                line += f" | prod {c.pct(us, copy):5.1f}"
-                for name, (tile, tiles, depth, warps) in VARIANTS.items():
-                    def call(i, tile=tile, tiles=tiles, depth=depth, warps=warps):
-                        c.launch(_multi, i, tile * tiles, warps, rows=tile // 32, T=tiles, DEPTH=depth)
-
-                    row[f"{name}_ok"] = ok = c.exact(lambda: call(0))
-                    row[f"{name}_us_{rnd}"] = us = c.time_us(call)
-                    line += f" {name} {c.pct(us, copy):5.1f}{'' if ok else '!'}"
-            rows.append(row)
-            print(line, flush=True)
-            c.close()
-    write_json(rows, copy)
+    write_json(*sweep({name: (lambda c, i, tile=tile, tiles=tiles, depth=depth, warps=warps:
+                              c.launch(_multi, i, tile * tiles, warps, rows=tile // 32, T=tiles, DEPTH=depth))
+                       for name, (tile, tiles, depth, warps) in VARIANTS.items()}))
 
 
 if __name__ == "__main__":
