@@ -97,7 +97,8 @@ WGMMA_SPLIT = (256, 8448, 20 * 2**20)    # (M bucket, largest N, smallest N * K)
 #   (N = 5120: 60.8 vs 70.8); the GEMM kernel kept N = 8192-10240 (Llama q+o 32.5 vs 37.1, Llama qkv 42.8 vs 46.7, Qwen
 #   q / qkv 25.0 / 31.2 vs 28.5 / 32.8, Gemma qkv 26.1 vs 25.9: a tie) and the deep downs of N >= 5376 (Llama down
 #   89.1 vs 105.0, Gemma down 53.8 vs 62.2).
-# - M <= 8: the GEMM kernel won on all but Qwen o (30.9 vs 23.5) and ties on Gemma q / o; it keeps them all.
+# - M <= 8: the GEMM kernel won on all but Qwen o (30.9 vs 23.5) and Llama gate+up (112.6 vs 100.4), and tied on
+#   Gemma q / o; it keeps them all until M 3-7 are measured too (NOTES.md, next steps).
 WGMMA_SMALL_MIN_ELEMS = 20 * 2**20
 WGMMA_SMALL_M16 = (16, 5120, 6144, 8192, 20480)  # (largest M, N up to which any K, N up to which K <= 8192, N from)
 
