@@ -111,7 +111,7 @@ def test_eager_plan_key_follows_the_wgmma_buckets():
     """One eager plan serves all M with the same ``m_key``: the dispatcher must then take the same path for all."""
     from fastnf4.ops.matmul import eager
 
-    assert eager.MAX_M == dispatch.MMA_MAX_M and eager.wgmma.MAX_M == dispatch.WGMMA_MIN[-1][0]
+    assert eager.MAX_M == dispatch.MMA_MAX_M and eager.wgmma.MAX_M == dispatch.WGMMA_RULES[-1][0]
     shapes = [(57344, 8192), (8192, 28672), (5120, 25600), (10240, 8192), (5120, 8192), (4096, 5376), (25600, 5120)]
     by_key = {}
     for m in range(1, 700):

@@ -66,8 +66,8 @@ def mma_wanted(m: int, n: int) -> bool:
     return any(m <= mm and n >= nn for mm, nn in MMA_MIN_N)
 
 
-# wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200. Per M
-# bucket: (largest M, smallest N * K elements, smallest N). Since session 11's one-wave split-K plan (wgmma.plan)
+# wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200 (the
+# table: WGMMA_RULES below). Since session 11's one-wave split-K plan (wgmma.plan)
 # every weight from 20M elements takes it at M 65-128 (probe_wgmma.py --mid at 8cb3bd6,
 # results/h200-probe-wgmma-mid-onewave.json, against dequantize + cuBLAS in the same process: all 17 model weights of
 # >= 8 MB, 1.20-1.85x, e.g. Qwen q 35.6 vs 56.0 us, Gemma o 24.8 vs 29.8). At M 129-256 (BM 256, 132 slots) the same
@@ -79,11 +79,7 @@ def mma_wanted(m: int, n: int) -> bool:
 # 8-10: results/h200-probe-wgmma-mid.json, -m512.json) the weights under 64M elements lost at M = 128. M 33-64 keeps
 # its session-9 rule (Gemma q / o, 22M, lost there; their split plan did not change). At M = 512 only Llama's gate_up
 # (470M) won in both runs of session 9 (by 11-15%; the 230-260M weights by -1 to +13%); above, dequantize + cuBLAS.
-WGMMA_MIN = ((64, 32 * 2**20, 0), (128, 20 * 2**20, 0), (256, 200 * 2**20, 8192), (512, 400 * 2**20, 8192))
-WGMMA_WIDE = (256, 16384, 120 * 2**20)   # (M bucket, smallest N, smallest N * K)
-WGMMA_SPLIT = (256, 8448, 20 * 2**20)    # (M bucket, largest N, smallest N * K): weights that split K there
-
-
+#
 # M = 9-32 (x rows per block 16 / 32, which decode with rounded codes: wgmma.cu kFastMaxBM): the wgmma kernel's time
 # hardly moves with M there (decode-bound), the GEMM kernel's grows with its variant (M <= 8 / 16 / 32, so M = 16
 # stands for 9-16 and M = 24 / 32 for 17-32). benchmarks/probe_wgmma.py --small at c06ecc0 built with
@@ -99,23 +95,25 @@ WGMMA_SPLIT = (256, 8448, 20 * 2**20)    # (M bucket, largest N, smallest N * K)
 #   89.1 vs 105.0, Gemma down 53.8 vs 62.2).
 # - M <= 8: the GEMM kernel won on all but Qwen o (30.9 vs 23.5) and Llama gate+up (112.6 vs 100.4), and tied on
 #   Gemma q / o; it keeps them all until M 3-7 are measured too (NOTES.md, next steps).
-WGMMA_SMALL_MIN_ELEMS = 20 * 2**20
-WGMMA_SMALL_M16 = (16, 5120, 6144, 8192, 20480)  # (largest M, N up to which any K, N up to which K <= 8192, N from)
+#
+# The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
+# under any of which a weight takes the wgmma kernel; at M <= 8 and above M = 512 none.
+_ANY = 1 << 62
+WGMMA_RULES = (
+    (8, ()),
+    (16, ((20 * 2**20, 0, 5120, _ANY), (20 * 2**20, 0, 6144, 8192), (20 * 2**20, 20480, _ANY, _ANY))),
+    (32, ((20 * 2**20, 0, _ANY, _ANY),)),
+    (64, ((32 * 2**20, 0, _ANY, _ANY),)),
+    (128, ((20 * 2**20, 0, _ANY, _ANY),)),
+    (256, ((200 * 2**20, 8192, _ANY, _ANY), (120 * 2**20, 16384, _ANY, _ANY), (20 * 2**20, 0, 8448, _ANY))),
+    (512, ((400 * 2**20, 8192, _ANY, _ANY),)),
+)
 
 
 def wgmma_wanted(m: int, n: int, k: int) -> bool:
-    if m <= MMA_MAX_M:
-        if m <= 8 or n * k < WGMMA_SMALL_MIN_ELEMS:
-            return False
-        if m <= WGMMA_SMALL_M16[0]:
-            _, any_k, shallow_n, shallow_k, wide = WGMMA_SMALL_M16
-            return n <= any_k or (n <= shallow_n and k <= shallow_k) or n >= wide
-        return True
-    for mm, elems, min_n in WGMMA_MIN:
-        if m <= mm:
-            return (n * k >= elems and n >= min_n) or (
-                mm == WGMMA_WIDE[0] and n >= WGMMA_WIDE[1] and n * k >= WGMMA_WIDE[2]) or (
-                mm == WGMMA_SPLIT[0] and n <= WGMMA_SPLIT[1] and n * k >= WGMMA_SPLIT[2])
+    for largest_m, rules in WGMMA_RULES:
+        if m <= largest_m:
+            return any(n * k >= elems and lo <= n <= hi and k <= max_k for elems, lo, hi, max_k in rules)
     return False
 
 

@@ -461,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   auto hole = [](int h) { return static_cast<uint32_t>(256 * h + 128); };
   // the lane's two weight rows (local) and their statistics words
   const int ra = 64 * (warp >> 2) + 16 * (warp & 3) + g, rb = ra + 8;
-  const uint32_t lane8 = kFast ? 4u * lane : 8u * (lane & 15);  // this lane's copy in a table entry
+  const uint32_t lane_off = kFast ? 4u * lane : 8u * (lane & 15);  // this lane's copy in a table entry
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
   const uint32_t qa_off = hole(32 + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(32 + (rb >> 5)) + 4 * (rb & 31);
@@ -563,18 +563,18 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     if constexpr (kFast) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        f[4 * s + 0] = decode_pair_rounded(table_s, lane8, sel, wa[2 * s]);
-        f[4 * s + 1] = decode_pair_rounded(table_s, lane8, sel, wb[2 * s]);
-        f[4 * s + 2] = decode_pair_rounded(table_s, lane8, sel, wa[2 * s + 1]);
-        f[4 * s + 3] = decode_pair_rounded(table_s, lane8, sel, wb[2 * s + 1]);
+        f[4 * s + 0] = decode_pair_rounded(table_s, lane_off, sel, wa[2 * s]);
+        f[4 * s + 1] = decode_pair_rounded(table_s, lane_off, sel, wb[2 * s]);
+        f[4 * s + 2] = decode_pair_rounded(table_s, lane_off, sel, wa[2 * s + 1]);
+        f[4 * s + 3] = decode_pair_rounded(table_s, lane_off, sel, wb[2 * s + 1]);
       }
     } else {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        f[4 * s + 0] = decode_pair<T>(table_s, lane8, sel, wa[2 * s], sa);
-        f[4 * s + 1] = decode_pair<T>(table_s, lane8, sel, wb[2 * s], sb);
-        f[4 * s + 2] = decode_pair<T>(table_s, lane8, sel, wa[2 * s + 1], sa);
-        f[4 * s + 3] = decode_pair<T>(table_s, lane8, sel, wb[2 * s + 1], sb);
+        f[4 * s + 0] = decode_pair<T>(table_s, lane_off, sel, wa[2 * s], sa);
+        f[4 * s + 1] = decode_pair<T>(table_s, lane_off, sel, wb[2 * s], sb);
+        f[4 * s + 2] = decode_pair<T>(table_s, lane_off, sel, wa[2 * s + 1], sa);
+        f[4 * s + 3] = decode_pair<T>(table_s, lane_off, sel, wb[2 * s + 1], sb);
       }
     }
   };

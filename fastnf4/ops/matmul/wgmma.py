@@ -19,7 +19,7 @@ STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
 BLOCK_M = (16, 32, 64, 128, 256)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
-MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_MIN; a test ties the two)
+MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_RULES; a test ties the two)
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 
 
@@ -116,7 +116,7 @@ class Prepared:
     """One weight's launch arguments worked out once (addresses only: it keeps no tensor alive); a call fills in
     x, y, M and the split-K workspace and launches. Any M the kernel supports; the dispatcher decides which."""
 
-    __slots__ = ("lib", "index", "n", "k", "nested", "params", "holds_tensors")
+    __slots__ = ("lib", "index", "n", "k", "nested", "params")
 
     def __init__(self, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
                  bias=None):
@@ -125,7 +125,6 @@ class Prepared:
         if self.lib is None:
             raise RuntimeError("the wgmma kernel is not available on this GPU")
         self.n, self.k, self.nested = n, k, nested_code is not None
-        self.holds_tensors = False
         self.params = Params(
             packed=packed.data_ptr(), absmax=absmax.data_ptr(),
             nested_code=nested_code.data_ptr() if self.nested else None,
