@@ -1,8 +1,9 @@
 """Prefill-size wgmma kernel (wgmma.cu) on the H200: correctness on odd shapes first (poisoned outputs, error against
 a float64 reference on the dequantized weight relative to cuBLAS's on the same weight), then graph timing against
 bf16 cuBLAS and fastnf4 dequantize + cuBLAS for every model weight of >= 8 MB packed.
-usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512 | --small] [--checks] [--verbose]
---small: M = 8 / 16 / 24 / 32 with the CUDA GEMM kernel of gemv_mma.cu (the path there before) timed too."""
+usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512 | --small | --tiny] [--checks] [--verbose]
+--small: M = 8 / 16 / 24 / 32 with the CUDA GEMM kernel of gemv_mma.cu (the path there before) timed too;
+--tiny: the same at M = 3 / 4 / 6 / 8 (BM 16 only)."""
 import json
 import os
 import sys
@@ -61,7 +62,8 @@ if "--checks" in sys.argv:
 quick = "--quick" in sys.argv
 seen = set()
 ms = ((128, 256) if "--mid" in sys.argv else (512,) if "--m512" in sys.argv else (64, 128, 512, 2048) if quick
-      else (8, 16, 24, 32) if "--small" in sys.argv else (64, 128, 256, 512, 2048))
+      else (8, 16, 24, 32) if "--small" in sys.argv else (3, 4, 6, 8) if "--tiny" in sys.argv
+      else (64, 128, 256, 512, 2048))
 for model, layer, n, k in model_shapes():
     if (n, k) in seen or n * k // 2 < 8e6:
         continue
@@ -82,7 +84,7 @@ for model, layer, n, k in model_shapes():
         if m <= 32:
             row["mma_us"] = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]))
                                          for i in range(reps_q)])["median_us"]
-        for bm in ((16, 32) if m <= 16 else (32, 64) if m <= 32 else (64, 128) if m <= 64 else (64, 128, 256) if m <= 256 else (256,) if m == 512 else (128, 256)):
+        for bm in ((16,) if "--tiny" in sys.argv else (16, 32) if m <= 16 else (32, 64) if m <= 32 else (64, 128) if m <= 64 else (64, 128, 256) if m <= 256 else (256,) if m == 512 else (128, 256)):
             row[f"wg{bm}_us"] = time_graph([lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=bm)
                                             for i in range(reps_q)])["median_us"]
         best = min(v for kk, v in row.items() if kk.startswith("wg"))
