@@ -56,7 +56,7 @@ def test_matches_arithmetic_model(n, k, blocksize, nested, dtype):
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
         ref = _model(q, x, bias)
-        for splits in (None, (1, slices), (3, -(-slices // 3))):
+        for splits in (None, (1, slices), (3, -(-slices // 3)), (11, -(-slices // 11))):  # 11: sums of > 8 partials
             y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
             gemv_mma.launch(x, *linear_args(q, bias), y=y, splits=splits, kernel=gemv_mma.variant(m))
             # float32 accumulation then one rounding to the output dtype
