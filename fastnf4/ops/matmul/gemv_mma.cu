@@ -119,18 +119,8 @@ __device__ __forceinline__ void sum_tile(const Params& p, long long tile, int la
   for (long long i = lane; i < 16 * M; i += 32) {  // each lane takes (m, row) pairs
     const long long m = i / 16, row = tile * 16 + (i % 16);
     if (row >= N) continue;
-    // the S loads in flight together (8 at a time), then added in split order
-    const float* src = p.partial + m * N + row;
     float v = 0.f;
-    for (long long s0 = 0; s0 < p.splits; s0 += 8) {
-      float part[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) part[j] = s0 + j < p.splits ? __ldcg(src + (s0 + j) * M * N) : 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (s0 + j < p.splits) v += part[j];
-      }
-    }
+    for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
     if (p.bias) v += Pair<T>::load(p.bias, row);
     Pair<T>::store(p.y, m * N + row, v);
   }
@@ -523,17 +513,19 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   const uint32_t tpad = (0u - smem_s) & 0xffffu;
   const int below = static_cast<int>(tpad) / kWarpBytes;
   uint32_t* table = reinterpret_cast<uint32_t*>(smem + tpad);
-  auto build_table = [&]() {
-    for (int i = threadIdx.x; i < 256 * 32; i += C::kThreads) {
-      const int v = i >> 5;
-      table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
-    }
-  };
-  // The pair table overlaps the previous kernel's drain when its source is a constant (PDL launches); otherwise
-  // it is built once the first weight, statistics and x loads are issued (below), while they are in flight.
-  if (p.code_const) build_table();
-  pdl_wait();
+  // the pair table overlaps the previous kernel's drain when its source is a constant (PDL launches)
+  if (!p.code_const) pdl_wait();
+  for (int i = threadIdx.x; i < 256 * 32; i += C::kThreads) {
+    const int v = i >> 5;
+    table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
+  }
+  if (p.code_const) pdl_wait();
   pdl_launch_dependents();
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += C::kThreads) nested_code[i] = __ldg(p.nested_code + i);
+  }
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+  __syncthreads();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -639,11 +631,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
   ld_rows();
-  // The raw area holds this phase's statistics (asynchronous form), copied in the commit group of the step
-  // ``since`` steps ago; the first phase's go with the first weight group, landed before the first step.
-  bool fetched = async_stats && cp.tile < tiles;
-  int since = kStages - 1;
-  if (fetched) fetch_stats<kNested>(p, raw_s, cp.tile, cp.slice, lane, log2_bs, nblocks);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     ring_ld = ring_s + i * 1024;
@@ -656,17 +643,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   uint4 xb[CG][4];
   load_x(xc, xb);
   advance(xc);
-  if (!p.code_const) build_table();
-  if constexpr (kNested) {
-    for (int i = threadIdx.x; i < 256; i += C::kThreads) nested_code[i] = __ldg(p.nested_code + i);
-  }
-  const float offset = kNested ? __ldg(p.offset) : 0.f;
-  __syncthreads();  // table and nested code values written
   float acc[CG][4];
 #pragma unroll
   for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
   const int c0 = (2 * t) & 3;
   int rel = 0;  // slice index inside the work item
+  bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
+  int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
 #ifdef FASTNF4_DIAG_STATS_ONCE  // timing experiment only (wrong results): statistics staged once per warp
   bool diag_once = false;
 #endif
@@ -813,17 +796,17 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float nested_code[kNested ? 256 : 1];
   uint32_t* table = reinterpret_cast<uint32_t*>(smem);
-  auto build_table = [&]() {
-    for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
-      const int v = i >> 5;
-      table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
-    }
-  };
-  // The pair table overlaps the previous kernel's drain when its source is a constant (PDL launches); otherwise
-  // it is built once the first copies and statistics loads are issued (below), while they are in flight.
-  if (p.code_const) build_table();
-  pdl_wait();
+  // the pair table overlaps the previous kernel's drain when its source is a constant (PDL launches)
+  if (!p.code_const) pdl_wait();
+  for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
+    const int v = i >> 5;
+    table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
+  }
+  if (p.code_const) pdl_wait();
   pdl_launch_dependents();
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) nested_code[i] = __ldg(p.nested_code + i);
+  }
   const float offset = kNested ? __ldg(p.offset) : 0.f;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -949,10 +932,6 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   float acc[MT][4];
 #pragma unroll
   for (int nt = 0; nt < MT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-  if (!p.code_const) build_table();
-  if constexpr (kNested) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) nested_code[i] = __ldg(p.nested_code + i);
-  }
   __syncthreads();  // the table and nested codes are in place
   while (cp.item < items) {
     cp_async_wait<kStages - 2>();  // this thread's copies of step ``st`` have landed
