@@ -308,7 +308,9 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 // The decode kernel's asynchronous form, for blocksizes >= 64 with K % 64 == 0 (each 64-code chunk pair lies
 // in one block): ``fetch_stats`` copies one lane's raw statistics of a phase (row tile * 16 + lane / 2, codes
 // k0 .. k0 + 511 of it) into its 8 words at ``raw_s`` with cp.async, a phase before ``decode_stats`` turns
-// them into the warp's table. Raw words: without nesting, word i = the absmax of chunk pair i; nested, words
+// them into the warp's table. The warp's raw area is word-major (word w of lane l at byte 128 w + 4 l), so
+// that the copies and reads of a word hit 32 distinct banks (lane-major, 8 words per lane, was an 8-way bank
+// conflict on each). Raw words: without nesting, word i = the absmax of chunk pair i; nested, words
 // 0-2 = the aligned words holding the pairs' 8-bit codes, words 3 / 4 = the nested absmax of the first / last
 // pair. This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
 // the kernel time on the H200, NOTES.md session 5) off the warp's path without holding registers.
@@ -353,25 +355,25 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
 #pragma unroll
     for (int w = 0; w < 3; ++w) {
       const bool on = a.pairs > 0 && 4 * w <= last;  // (the array's last word may be partial: read what exists)
-      cp_async4(raw_s + 4 * w, on ? am + w0 + 4 * w : am, on ? static_cast<int>(min(4LL, left - 4 * w)) : 0);
+      cp_async4(raw_s + 128 * w, on ? am + w0 + 4 * w : am, on ? static_cast<int>(min(4LL, left - 4 * w)) : 0);
     }
     const float* na = p.nested_absmax + (a.bf >> 8);
     const int sz = a.pairs ? 4 : 0;
-    cp_async4(raw_s + 12, sz ? na : p.nested_absmax, sz);
-    cp_async4(raw_s + 16, sz ? na + (((a.bf & 255) + span) >> 8) : p.nested_absmax, sz);
+    cp_async4(raw_s + 128 * 3, sz ? na : p.nested_absmax, sz);
+    cp_async4(raw_s + 128 * 4, sz ? na + (((a.bf & 255) + span) >> 8) : p.nested_absmax, sz);
   } else {
     const float* am = reinterpret_cast<const float*>(p.absmax) + a.bf;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const bool on = i < a.pairs;
-      cp_async4(raw_s + 4 * i, on ? am + ((a.r + 64 * i) >> log2_bs) : p.absmax, on ? 4 : 0);
+      cp_async4(raw_s + 128 * i, on ? am + ((a.r + 64 * i) >> log2_bs) : p.absmax, on ? 4 : 0);
     }
   }
 }
 
-__device__ __forceinline__ uint32_t lds_u8(uint32_t a) {
+__device__ __forceinline__ uint32_t lds_u32(uint32_t a) {
   uint32_t v;
-  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(a));
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
   return v;
 }
 __device__ __forceinline__ float lds_f32(uint32_t a) {
@@ -388,25 +390,24 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
   float v[8];
   if constexpr (kNested) {
     const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
-    const uint32_t cs = raw_s + static_cast<uint32_t>(a.bf & 3);  // the first pair's 8-bit code
     const int nb = static_cast<int>(a.bf & 255);
-    const float na0 = lds_f32(raw_s + 12), na1 = lds_f32(raw_s + 16);
+    const uint32_t w0 = lds_u32(raw_s), w1 = lds_u32(raw_s + 128), w2 = lds_u32(raw_s + 256);
+    const float na0 = lds_f32(raw_s + 128 * 3), na1 = lds_f32(raw_s + 128 * 4);
+    // the 8-bit codes of the lane's blocks bf .. bf + 7: bytes 0-3 / 4-7 of lo / hi
+    const uint32_t sh = 8 * static_cast<uint32_t>(a.bf & 3);
+    const uint32_t lo = __funnelshift_r(w0, w1, sh), hi = __funnelshift_r(w1, w2, sh);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int d = log2_bs == 6 ? i : (a.r + 64 * i) >> log2_bs;
-      const float c = lds_f32(nested_s + 4 * lds_u8(cs + d));
+      const int d = log2_bs == 6 ? i : (a.r + 64 * i) >> log2_bs;  // 0..7
+      const uint32_t q = ((d < 4 ? lo : hi) >> (8 * (d & 3))) & 0xffu;
+      const float c = lds_f32(nested_s + 4 * q);
       // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
       const float val = __fadd_rn(__fmul_rn(c, nb + d < 256 ? na0 : na1), offset);
       v[i] = i < a.pairs ? val : 0.f;
     }
   } else {
-    uint4 r0, r1;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r0.x), "=r"(r0.y), "=r"(r0.z), "=r"(r0.w) : "r"(raw_s));
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r1.x), "=r"(r1.y), "=r"(r1.z), "=r"(r1.w)
-                 : "r"(raw_s + 16));
-    const uint32_t r[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(r[i]);  // zero-filled outside the matrix
+    for (int i = 0; i < 8; ++i) v[i] = lds_f32(raw_s + 128 * i);  // zero-filled outside the matrix
   }
   float v16[16];  // a chunk pair's value for both of its chunks
 #pragma unroll
@@ -447,7 +448,7 @@ template <int CG> struct Cfg {
   static constexpr int kStages = FASTNF4_PIPE_STAGES1;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
-  static constexpr int kRawBytes = 32 * 32;  // raw statistics of the next phase: 8 words per lane
+  static constexpr int kRawBytes = 32 * 32;  // raw statistics of the next phase: 8 words per lane, word-major
   static constexpr int kWarpBytes = kRingBytes + 16 * fastnf4_mma::kStatStride * 4 + kRawBytes;
   // the table starts at a 64 KiB-aligned shared address (see lookup_based); the warp areas fill the space below
   // it and continue above, which needs at most one warp area of slack whatever the base address is
@@ -531,7 +532,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   const int g = lane >> 2, t = lane & 3;
   uint8_t* wsm = smem + (warp < below ? warp * kWarpBytes : tpad + kTableBytes + (warp - below) * kWarpBytes);
   float* stats = reinterpret_cast<float*>(wsm + kRingBytes);
-  uint32_t* raw = reinterpret_cast<uint32_t*>(wsm + kWarpBytes - C::kRawBytes) + 8 * lane;
+  uint32_t* raw = reinterpret_cast<uint32_t*>(wsm + kWarpBytes - C::kRawBytes) + lane;  // word w at raw[32 w]
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
   const uint32_t nested_s = static_cast<uint32_t>(__cvta_generic_to_shared(nested_code));
   const uint32_t lane_base = (smem_s + tpad) | (4 * lane);  // table address (a multiple of 65536) | 4 l
