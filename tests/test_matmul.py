@@ -77,7 +77,7 @@ def test_dispatch_table():
 
 def test_wgmma_dispatch_on_model_shapes():
     """Where the Hopper kernel takes over from the GEMM kernel or dequantize + cuBLAS (H200, probe_wgmma.py, bench
-    matmul): some weights at M 9-32, every weight of >= 32M elements at M <= 64, >= 20M at M <= 128, most at M <= 256,
+    matmul): none at M <= 2, some weights at M 3-32, every weight of >= 32M elements at M <= 64, >= 20M at M <= 128, most at M <= 256,
     the largest at M <= 512, none above."""
     from fastnf4.bench.harness import model_shapes
 
@@ -85,8 +85,10 @@ def test_wgmma_dispatch_on_model_shapes():
         return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n), wgmma_ok=True)
 
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
-             for mm in (8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
-    assert taken[8] == [] and taken[513] == taken[2048] == []
+             for mm in (1, 2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
+    assert taken[1] == taken[2] == [] and taken[513] == taken[2048] == []
+    # M 3-8 (probe_wgmma.py --tiny): Qwen o, Gemma q / o and Llama gate+up; the GEMM kernel keeps the rest
+    assert set(taken[3]) == set(taken[8]) == {(5120, 8192), (4096, 5376), (5376, 4096), (28672, 8192)}
     # M 9-32 (probe_wgmma.py --small): at M 9-16 Qwen o / down, Gemma q / o and the widest weights (N >= 20480); the
     # GEMM kernel keeps N = 8192-10240 (Llama q+o / qkv, Qwen q / qkv, Gemma qkv) and Llama / Gemma down; at M 17-32
     # every weight of >= 20M elements

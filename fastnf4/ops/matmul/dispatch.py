@@ -4,7 +4,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M                         | path                                                            |
 |---------------------------|-----------------------------------------------------------------|
-| 9 .. 512 (sm_90, CUDA     | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
+| 3 .. 512 (sm_90, CUDA     | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
 | build there)              | where it beat the GEMM kernel (M <= 32) or dequantize + cuBLAS  |
 |                           | (``wgmma_wanted``)                                              |
 | 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 2,   |
@@ -93,14 +93,20 @@ def mma_wanted(m: int, n: int) -> bool:
 #   (N = 5120: 60.8 vs 70.8); the GEMM kernel kept N = 8192-10240 (Llama q+o 32.5 vs 37.1, Llama qkv 42.8 vs 46.7, Qwen
 #   q / qkv 25.0 / 31.2 vs 28.5 / 32.8, Gemma qkv 26.1 vs 25.9: a tie) and the deep downs of N >= 5376 (Llama down
 #   89.1 vs 105.0, Gemma down 53.8 vs 62.2).
-# - M <= 8: the GEMM kernel won on all but Qwen o (30.9 vs 23.5) and Llama gate+up (112.6 vs 100.4), and tied on
-#   Gemma q / o; it keeps them all until M 3-7 are measured too (NOTES.md, next steps).
+# - M 3-8 (probe_wgmma.py --tiny at e99ab7b, BM 16, results/h200-probe-wgmma-tiny.json, wgmma vs GEMM kernel at
+#   M 3 / 8): wgmma won on the narrow shallow weights (N <= 6144 and K <= 8192: Qwen o 21.3 / 21.4 vs 26.5 / 30.8,
+#   Gemma q 14.9 / 14.9 vs 15.7 / 17.4, Gemma o 15.2 / 15.3 vs 15.5 / 17.4) and on Llama gate+up (92.1 / 91.6 vs
+#   103.6 / 112.2); the GEMM kernel kept every other weight, the wide ones included (Qwen / Gemma gate+up 51.5 / 43.8
+#   vs 57.2 / 59.6 at M 3, the gate_up projections of N >= 43008 by 9-16%), and Qwen q by 3-7% only (20.0 vs 20.7-21.3,
+#   left there). The Llama gate+up rule (>= 200M elements, N 16384-32768) is fitted to the one shape that has it.
+# - M <= 2: the decode kernel of gemv_mma.cu everywhere.
 #
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
-# under any of which a weight takes the wgmma kernel; at M <= 8 and above M = 512 none.
+# under any of which a weight takes the wgmma kernel; at M <= 2 and above M = 512 none.
 _ANY = 1 << 62
 WGMMA_RULES = (
-    (8, ()),
+    (2, ()),
+    (8, ((20 * 2**20, 0, 6144, 8192), (200 * 2**20, 16384, 32768, _ANY))),
     (16, ((20 * 2**20, 0, 5120, _ANY), (20 * 2**20, 0, 6144, 8192), (20 * 2**20, 20480, _ANY, _ANY))),
     (32, ((20 * 2**20, 0, _ANY, _ANY),)),
     (64, ((32 * 2**20, 0, _ANY, _ANY),)),
