@@ -351,11 +351,11 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
     const int span = (a.r + 64 * max(a.pairs - 1, 0)) >> log2_bs;  // last pair's block - bf
     const long long w0 = a.bf & ~3LL;
     const int last = static_cast<int>(a.bf - w0) + span;            // its byte in the copied words (0..10)
-    const long long left = nblocks - w0;                             // bytes of codes from w0 on
+    const int left = static_cast<int>(min(12LL, nblocks - w0));      // bytes of codes from w0 on (up to 12)
 #pragma unroll
     for (int w = 0; w < 3; ++w) {
       const bool on = a.pairs > 0 && 4 * w <= last;  // (the array's last word may be partial: read what exists)
-      cp_async4(raw_s + 128 * w, on ? am + w0 + 4 * w : am, on ? static_cast<int>(min(4LL, left - 4 * w)) : 0);
+      cp_async4(raw_s + 128 * w, on ? am + w0 + 4 * w : am, on ? min(4, left - 4 * w) : 0);
     }
     const float* na = p.nested_absmax + (a.bf >> 8);
     const int sz = a.pairs ? 4 : 0;
@@ -396,14 +396,22 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
     // the 8-bit codes of the lane's blocks bf .. bf + 7: bytes 0-3 / 4-7 of lo / hi
     const uint32_t sh = 8 * static_cast<uint32_t>(a.bf & 3);
     const uint32_t lo = __funnelshift_r(w0, w1, sh), hi = __funnelshift_r(w1, w2, sh);
+    // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
+    if (log2_bs == 6) {  // pair i is block bf + i: byte i, all offsets known here (half the instructions)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int d = log2_bs == 6 ? i : (a.r + 64 * i) >> log2_bs;  // 0..7
-      const uint32_t q = ((d < 4 ? lo : hi) >> (8 * (d & 3))) & 0xffu;
-      const float c = lds_f32(nested_s + 4 * q);
-      // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
-      const float val = __fadd_rn(__fmul_rn(c, nb + d < 256 ? na0 : na1), offset);
-      v[i] = i < a.pairs ? val : 0.f;
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t q = __byte_perm(i < 4 ? lo : hi, 0u, 0x4440u | (i & 3));
+        const float val = __fadd_rn(__fmul_rn(lds_f32(nested_s + 4 * q), nb + i < 256 ? na0 : na1), offset);
+        v[i] = i < a.pairs ? val : 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int d = (a.r + 64 * i) >> log2_bs;  // 0..7
+        const uint32_t q = ((d < 4 ? lo : hi) >> (8 * (d & 3))) & 0xffu;
+        const float val = __fadd_rn(__fmul_rn(lds_f32(nested_s + 4 * q), nb + d < 256 ? na0 : na1), offset);
+        v[i] = i < a.pairs ? val : 0.f;
+      }
     }
   } else {
 #pragma unroll
