@@ -382,8 +382,8 @@ __device__ __forceinline__ float lds_f32(uint32_t a) {
   return v;
 }
 
-// (raw_s / nested_s: shared addresses of the lane's raw words and of the 256 nested code values; branch-free,
-// with a blocksize-64 form whose pair i is block bf + i)
+// (raw_s / nested_s: shared addresses of the lane's raw word 0, word w at raw_s + 128 w, and of the 256 nested code
+// values; branch-free, with a blocksize-64 form whose pair i is block bf + i)
 template <bool kNested>
 __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, uint32_t nested_s, float* stats,
                                              float offset, long long tile, int slice, int lane, int log2_bs) {
