@@ -255,13 +255,17 @@ __device__ __forceinline__ void load_stats(const Params& p, StatRaw<kNested>& r,
   }
 }
 
-template <bool kNested>
+// kPairs: each pair of chunks lies in one block (blocksize >= 64, K % 64 == 0: load_stats' pair_shares_block), so
+// the odd chunk takes its even neighbour's value and the nested decode runs once per pair.
+template <bool kNested, bool kPairs = false>
 __device__ __forceinline__ void store_stats(const StatRaw<kNested>& r, float* stats, const float* nested_code,
                                             float offset, int lane) {
   float v[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    if constexpr (kNested) {
+    if (kPairs && (j & 1)) {
+      v[j] = v[j - 1];
+    } else if constexpr (kNested) {
       const uint32_t q = (r.q[j >> 2] >> (8 * (j & 3))) & 0xffu;
       const float na = (r.bits >> (16 + j)) & 1u ? r.a[1] : r.a[0];
       // same float32 arithmetic as the dequantize reference: product rounded, then the offset added
@@ -954,7 +958,11 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
     st_ld = st_ld + 1 == kStages ? 0 : st_ld + 1;
     const long long tile = cp.tile0 + warp;
     if ((rel & 7) == 0) {  // decode this phase's statistics (loaded a phase ago) and load the next phase's
-      store_stats<kNested>(sraw, stats, nested_code, offset, lane);
+      if (pair_shares_block) {
+        store_stats<kNested, true>(sraw, stats, nested_code, offset, lane);
+      } else {
+        store_stats<kNested>(sraw, stats, nested_code, offset, lane);
+      }
       long long ntile;
       int nslice;
       if (next_phase(cp, ntile, nslice)) load_stats<kNested>(p, sraw, ntile, nslice, lane, log2_bs, pair_shares_block);
