@@ -100,7 +100,7 @@ def _build(x2d: torch.Tensor, q, bias, key):
 def prepare(x2d: torch.Tensor, args: tuple):
     """The launch for x2d's M, dtype and device and the ``fastnf4::linear`` arguments ``args``: check the call as
     the op contract does (raises on bad input exactly as the full path would), pick the path as the dispatcher
-    does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``wgmma.Prepared`` (M > 8) or a ``DequantMatmul``
+    does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``wgmma.Prepared`` (M > 2) or a ``DequantMatmul``
     (M > 32) or ``None`` (any other path).
     Shared by ``try_linear`` and the bitsandbytes patch."""
     from ... import _ops

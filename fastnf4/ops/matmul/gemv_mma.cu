@@ -345,6 +345,17 @@ __device__ __forceinline__ PhaseAt phase_at(const Params& p, long long tile, int
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int size) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(size));
 }
+// The weights are read once: their copies carry an L2 evict-first policy (``evict_first_policy``, made once per
+// thread) besides the whole-line request.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void cp_async16_weights(uint32_t dst, const void* src, int size, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(size), "l"(policy));
+}
 
 template <bool kNested>
 __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, long long tile, int slice, int lane,
@@ -622,16 +633,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   uint32_t ring_ld = ring_s + (kStages - 1) * 1024;  // shared address of the next stage to fill
   // the weights are read once: their L2 lines are marked evict-first (H200, probe_decode.py: 2.6-4.7% faster on the
   // five large weights, two alternating rounds; as for the dequantize kernel's loads, NOTES.md session 7)
-  uint64_t wpolicy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(wpolicy));
+  const uint64_t wpolicy = evict_first_policy();
   auto issue = [&]() {
     if (ld.tile < tiles) {
       const int off = ld.slice * (kSlice / 2);
       const bool kin = 2 * off + 32 * t < K32;
-      asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(ring_ld),
-                   "l"(kin ? ldA + off : ldA), "r"(kin ? szA : 0), "l"(wpolicy));
-      asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(ring_ld + 512),
-                   "l"(kin ? ldB + off : ldB), "r"(kin ? szB : 0), "l"(wpolicy));
+      cp_async16_weights(ring_ld, kin ? ldA + off : ldA, kin ? szA : 0, wpolicy);
+      cp_async16_weights(ring_ld + 512, kin ? ldB + off : ldB, kin ? szB : 0, wpolicy);
       if (++ld.slice == ld.s_end) {
         --ld.slice;
         advance(ld);
@@ -891,8 +899,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   };
   // the weights are read once: evict-first, as in the decode kernel (H200, probe_decode.py at M = 16: Llama gate_up
   // 210 -> 197 us, Qwen gate_up 168 -> 145, Qwen down 76 -> 71, the others -1%)
-  uint64_t wpolicy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(wpolicy));
+  const uint64_t wpolicy = evict_first_policy();
   // Copies of one step into ring stage ``st`` (always one commit group, empty past the last item).
   auto issue = [&](const BCursor& c, int st) {
     if (c.item < items) {
@@ -900,10 +907,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
       const bool kin = kb + 32 * t < K32;
       const uint8_t* src = ldw + kb / 2;
       const uint32_t dst = wr_dst + st * 1024;
-      asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-                   "l"(kin ? src : p.packed), "r"(kin ? szA : 0), "l"(wpolicy));
-      asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(dst + 512),
-                   "l"(kin && szB ? src + 4 * K : p.packed), "r"(kin ? szB : 0), "l"(wpolicy));
+      cp_async16_weights(dst, kin ? src : p.packed, kin ? szA : 0, wpolicy);
+      cp_async16_weights(dst + 512, kin && szB ? src + 4 * K : p.packed, kin ? szB : 0, wpolicy);
 #pragma unroll
       for (int i = 0; i < kXCopies; ++i) {
         if (xlim[i] < 0) continue;

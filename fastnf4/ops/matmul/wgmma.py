@@ -1,4 +1,4 @@
-"""Host side of ``wgmma.cu``: the batch- and prefill-size (M > 8) NF4 matmul on Hopper's warpgroup tensor cores.
+"""Host side of ``wgmma.cu``: the batch- and prefill-size (M > 2) NF4 matmul on Hopper's warpgroup tensor cores.
 
 Built for ``sm_90a`` only (wgmma does not exist elsewhere); ``supports`` says whether a call can take it,
 ``launch`` runs it on the current stream (no host synchronisation; capturable in a CUDA graph once the
