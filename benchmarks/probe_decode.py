@@ -1,6 +1,6 @@
 """Decode kernel (M = 1) on the large weights: time per split-K choice and % of the NF4 byte floor, for the
 build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE_M = x rows (default 1; 3-32 take
-the GEMM kernel). usage: python benchmarks/probe_decode.py [S ...]"""
+the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all. usage: python benchmarks/probe_decode.py [S ...]"""
 import os
 import sys
 
@@ -14,7 +14,11 @@ from fastnf4.ops.matmul import gemv_mma
 
 bw = copy_bandwidth(2**30)["GBps"]
 splits = [int(a) for a in sys.argv[1:]] or [0]
-for n, k in [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]:
+LARGE = [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]
+# Llama q+o, Qwen q / o, Gemma qkv / q, Qwen gate+up (21-68 MB packed)
+MID = [(8192, 8192), (8192, 5120), (5120, 8192), (8192, 5376), (4096, 5376), (25600, 5120)]
+SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID}
+for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w)
     del w

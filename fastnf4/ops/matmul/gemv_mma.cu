@@ -356,6 +356,14 @@ __device__ __forceinline__ void cp_async16_weights(uint32_t dst, const void* src
   asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                "l"(src), "r"(size), "l"(policy));
 }
+// The same copy with a predicate instead of a source size: ``on`` false writes 16 zero bytes and reads nothing (PTX
+// ignore-src), without the size arithmetic that ptxas emits for a run-time source size.
+__device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* src, bool on, uint64_t policy) {
+  asm volatile(
+      "{\n .reg .pred off;\n setp.eq.u32 off, %2, 0;\n"
+      " cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, off, %3;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<uint32_t>(on)), "l"(policy));
+}
 
 template <bool kNested>
 __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, long long tile, int slice, int lane,
@@ -384,6 +392,22 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
       cp_async4(raw_s + 128 * i, on ? am + ((a.r + 64 * i) >> log2_bs) : p.absmax, on ? 4 : 0);
     }
   }
+}
+
+// 64 bytes of x at ``px`` (16-byte aligned), or zeros where ``on`` is false: four predicated loads off one
+// address (written as C++, the compiler worked the address out again for each of them)
+__device__ __forceinline__ void ldg_x4(uint4 (&v)[4], const void* px, bool on) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = make_uint4(0, 0, 0, 0);
+  asm("{\n .reg .pred on;\n setp.ne.u32 on, %16, 0;\n"
+      " @on ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%17];\n"
+      " @on ld.global.nc.v4.u32 {%4, %5, %6, %7}, [%17 + 16];\n"
+      " @on ld.global.nc.v4.u32 {%8, %9, %10, %11}, [%17 + 32];\n"
+      " @on ld.global.nc.v4.u32 {%12, %13, %14, %15}, [%17 + 48];\n}\n"
+      : "+r"(v[0].x), "+r"(v[0].y), "+r"(v[0].z), "+r"(v[0].w), "+r"(v[1].x), "+r"(v[1].y), "+r"(v[1].z),
+        "+r"(v[1].w), "+r"(v[2].x), "+r"(v[2].y), "+r"(v[2].z), "+r"(v[2].w), "+r"(v[3].x), "+r"(v[3].y),
+        "+r"(v[3].z), "+r"(v[3].w)
+      : "r"(static_cast<uint32_t>(on)), "l"(px));
 }
 
 __device__ __forceinline__ uint32_t lds_u32(uint32_t a) {
@@ -598,22 +622,23 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   };
 
   // B operands as in gemv_mma_kernel: lane (g, t) carries x row m = 2c + g / 4 at its chunk when g % 4 == t
-  const T* xlane[CG];
+  // (32-bit element offsets of the lane's x values: M * K < 2^32 for M <= 2; one wide multiply-add per slice
+  // gives the address. Past the last item the cursor's slice lies beyond K, so no tile check is needed.)
+  uint32_t xoff[CG];
   bool xon[CG];
 #pragma unroll
   for (int c = 0; c < CG; ++c) {
     const long long m = 2 * c + (g >> 2);
     xon[c] = ((g & 3) == t) && m < p.M;
-    xlane[c] = reinterpret_cast<const T*>(p.x) + (xon[c] ? m * K : 0) + 32 * t;
+    xoff[c] = static_cast<uint32_t>(xon[c] ? m * K : 0) + 32 * t;
   }
   auto load_x = [&](const Cursor& c, uint4 (&xb)[CG][4]) {
     const int kbase = c.slice * kSlice;
-    const bool kin = c.tile < tiles && kbase + 32 * t < K32;
+    const bool kin = kbase + 32 * t < K32;
 #pragma unroll
     for (int q = 0; q < CG; ++q) {
-      const uint4* px = reinterpret_cast<const uint4*>(xlane[q] + kbase);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xb[q][i] = (xon[q] && kin) ? __ldg(px + i) : make_uint4(0, 0, 0, 0);
+      const T* px = reinterpret_cast<const T*>(p.x) + static_cast<size_t>(xoff[q] + static_cast<uint32_t>(kbase));
+      ldg_x4(xb[q], px, xon[q] && kin);
     }
   };
   // Load cursor: weights of its slice into the ring stage at ``ring_ld`` (zero bytes outside the matrix).
@@ -638,8 +663,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
     if (ld.tile < tiles) {
       const int off = ld.slice * (kSlice / 2);
       const bool kin = 2 * off + 32 * t < K32;
-      cp_async16_weights(ring_ld, kin ? ldA + off : ldA, kin ? szA : 0, wpolicy);
-      cp_async16_weights(ring_ld + 512, kin ? ldB + off : ldB, kin ? szB : 0, wpolicy);
+      const int o = kin ? off : 0;  // (addresses stay inside the rows even where nothing is read)
+      cp_async16_weights_if(ring_ld, ldA + o, kin && szA, wpolicy);
+      cp_async16_weights_if(ring_ld + 512, ldB + o, kin && szB, wpolicy);
       if (++ld.slice == ld.s_end) {
         --ld.slice;
         advance(ld);
@@ -652,6 +678,16 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
   ld_rows();
+  bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
+  int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
+  // the first phase's statistics travel with the first weights (one global round trip at the start instead of
+  // two: H200, probe_decode.py, M = 1: -0.3 to -1.1 us on every weight of 11-242 MB)
+  if (async_stats && cp.tile < tiles) {
+    fetch_stats<kNested>(p, raw_s, cp.tile, cp.slice, lane, log2_bs, nblocks);
+    cp_async_commit();
+    fetched = true;
+    since = kStages;  // older than the first weight stage, which is waited for before the first step
+  }
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     ring_ld = ring_s + i * 1024;
@@ -669,8 +705,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(cons
   for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
   const int c0 = (2 * t) & 3;
   int rel = 0;  // slice index inside the work item
-  bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
-  int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
 #ifdef FASTNF4_DIAG_STATS_ONCE  // timing experiment only (wrong results): statistics staged once per warp
   bool diag_once = false;
 #endif
