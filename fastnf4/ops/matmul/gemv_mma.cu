@@ -356,6 +356,12 @@ __device__ __forceinline__ void cp_async16_weights(uint32_t dst, const void* src
   asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                "l"(src), "r"(size), "l"(policy));
 }
+// 16 bytes global -> shared, or 16 zero bytes (nothing read) where ``on`` is false
+__device__ __forceinline__ void cp_async16_if(uint32_t dst, const void* src, bool on) {
+  asm volatile(
+      "{\n .reg .pred off;\n setp.eq.u32 off, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, off;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<uint32_t>(on)));
+}
 // The same copy with a predicate instead of a source size: ``on`` false writes 16 zero bytes and reads nothing (PTX
 // ignore-src), without the size arithmetic that ptxas emits for a run-time source size.
 __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* src, bool on, uint64_t policy) {
@@ -939,16 +945,15 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
     if (c.item < items) {
       const int kb = c.slice * kSlice;
       const bool kin = kb + 32 * t < K32;
-      const uint8_t* src = ldw + kb / 2;
+      const uint8_t* src = ldw + (kin ? kb / 2 : 0);  // (addresses stay inside the rows even where nothing is read)
       const uint32_t dst = wr_dst + st * 1024;
-      cp_async16_weights(dst, kin ? src : p.packed, kin ? szA : 0, wpolicy);
-      cp_async16_weights(dst + 512, kin && szB ? src + 4 * K : p.packed, kin ? szB : 0, wpolicy);
+      cp_async16_weights_if(dst, src, kin && szA, wpolicy);
+      cp_async16_weights_if(dst + 512, szB ? src + 4 * K : src, kin && szB, wpolicy);
 #pragma unroll
       for (int i = 0; i < kXCopies; ++i) {
         if (xlim[i] < 0) continue;
         const bool on = kb < xlim[i];
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(xring_s + st * kXStage + xdst[i]),
-                     "l"(on ? xg + xsrc[i] + 2 * kb : xg), "r"(on ? 16 : 0));
+        cp_async16_if(xring_s + st * kXStage + xdst[i], on ? xg + xsrc[i] + 2 * kb : xg, on);
       }
     }
     cp_async_commit();
