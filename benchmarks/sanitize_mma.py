@@ -16,9 +16,10 @@ for n, k, bs in [(17, 192, 64), (33, 320, 256), (5, 128, 64), (129, 1088, 1024)]
         slices = -(-k // 128)
         for m in (1, 2, 3, 8, 16, 32):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            for splits in (None, (1, slices), (3, -(-slices // 3))):
-                y = gemv_mma.launch(x, *linear_args(q), splits=splits, kernel=gemv_mma.variant(m))
-                cases += 1
+            for kernel in [gemv_mma.variant(m)] + ([gemv_mma.DECODE_WIDE] if m <= 2 else []):
+                for splits in (None, (1, slices), (3, -(-slices // 3))):
+                    y = gemv_mma.launch(x, *linear_args(q), splits=splits, kernel=kernel)
+                    cases += 1
             if m >= 3 and wgmma.supports(x, q.packed_u8, bs, n, k, nested, q.nested_blocksize):
                 y = wgmma.launch(x, *linear_args(q))
                 cases += 1

@@ -297,6 +297,24 @@ def test_small_weight_kernel_takes_the_kv_projections():
     assert not gemv_mma.small_fits(1, 32768, 2)  # x must fit its 32 KiB shared-memory staging
 
 
+def test_wide_decode_kernel_takes_the_mid_weights_at_m1():
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma
+
+    picks = {(model, layer): gemv_mma.choose(1, n, k, 2) for model, layer, n, k in model_shapes()}
+    # measured faster with 20 warps x 4 stages (H200, NOTES.md session 13): q / o / qkv of all three models
+    for layer in ("q+o", "qkv"):
+        assert picks[("llama-3.3-70b", layer)] == gemv_mma.DECODE_WIDE
+    for model in ("qwen3-32b", "gemma-3-27b"):
+        for layer in ("q", "o", "qkv"):
+            assert picks[(model, layer)] == gemv_mma.DECODE_WIDE
+    # Llama gate_up and Qwen gate+up measured slower with it: the 16-warp kernel
+    assert picks[("llama-3.3-70b", "gate_up")] == gemv_mma.variant(1)
+    assert picks[("qwen3-32b", "gate+up")] == gemv_mma.variant(1)
+    # M = 2 was not measured with it
+    assert gemv_mma.choose(2, 8192, 5120, 2) == gemv_mma.variant(2)
+
+
 def test_pdl_decision_never_touches_a_gpu(monkeypatch):
     from fastnf4.ops.dequantize import kernel as dq_kernel
 

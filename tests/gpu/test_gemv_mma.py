@@ -57,13 +57,15 @@ def test_matches_arithmetic_model(n, k, blocksize, nested, dtype):
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
         ref = _model(q, x, bias)
-        for splits in (None, (1, slices), (3, -(-slices // 3)), (11, -(-slices // 11))):  # 11: sums of > 8 partials
-            y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-            gemv_mma.launch(x, *linear_args(q, bias), y=y, splits=splits, kernel=gemv_mma.variant(m))
-            # float32 accumulation then one rounding to the output dtype
-            tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
-            assert torch.isfinite(y).all()
-            assert ((y.double() - ref).abs() <= tol).all(), (m, splits)
+        kernels = [gemv_mma.variant(m)] + ([gemv_mma.DECODE_WIDE] if m <= 2 else [])
+        for kernel in kernels:
+            for splits in (None, (1, slices), (3, -(-slices // 3)), (11, -(-slices // 11))):  # 11: sums of > 8 partials
+                y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                gemv_mma.launch(x, *linear_args(q, bias), y=y, splits=splits, kernel=kernel)
+                # float32 accumulation then one rounding to the output dtype
+                tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
+                assert torch.isfinite(y).all()
+                assert ((y.double() - ref).abs() <= tol).all(), (m, splits, kernel)
 
 
 @pytest.mark.parametrize("n, k", [(1000, 4128), (3000, 5376), (4096, 4096)])
@@ -120,14 +122,16 @@ def test_many_items_per_worker_and_short_phases(blocksize, nested):
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         ref = _model(q, x, None)
         tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
-        for splits in (None, (12, 1), (4, 3), (3, 5), (2, 6)):
-            y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-            gemv_mma.launch(x, *linear_args(q), y=y, splits=splits)
-            assert ((y.double() - ref).abs() <= tol).all(), (m, splits)
-            # the split-K counters were all reset: the same launch again gives the same bits
-            y2 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-            gemv_mma.launch(x, *linear_args(q), y=y2, splits=splits)
-            assert torch.equal(y, y2), (m, splits)
+        # (M = 1 takes the 20-warp decode kernel for this size; the 16-warp one is asked for explicitly)
+        for kernel in (None, gemv_mma.variant(m)) if m == 1 else (None,):
+            for splits in (None, (12, 1), (4, 3), (3, 5), (2, 6)):
+                y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                gemv_mma.launch(x, *linear_args(q), y=y, splits=splits, kernel=kernel)
+                assert ((y.double() - ref).abs() <= tol).all(), (m, splits, kernel)
+                # the split-K counters were all reset: the same launch again gives the same bits
+                y2 = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                gemv_mma.launch(x, *linear_args(q), y=y2, splits=splits, kernel=kernel)
+                assert torch.equal(y, y2), (m, splits, kernel)
 
 
 def test_unaligned_nested_codes():

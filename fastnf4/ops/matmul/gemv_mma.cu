@@ -495,10 +495,12 @@ namespace pipe {
 #endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kTableBytes = 256 * 256;
-// warps per block (one block per SM) and ring stages, per column-group count
-template <int CG> struct Cfg {
-  static constexpr int kWarps = FASTNF4_PIPE_WARPS1;
-  static constexpr int kStages = FASTNF4_PIPE_STAGES1;
+// warps per block (one block per SM) and ring stages: kCfg 0 = 16 x 6 (112 registers), kCfg 1 = 20 x 4 (ptxas
+// then keeps it at 96 registers without spills). At M = 1 on the H200 the second is 2-20% faster on weights of
+// up to ~84M elements and up to 6% slower on some larger ones (NOTES.md, session 13); ``gemv_mma.choose`` picks.
+template <int CG, int kCfg = 0> struct Cfg {
+  static constexpr int kWarps = kCfg ? 20 : FASTNF4_PIPE_WARPS1;
+  static constexpr int kStages = kCfg ? 4 : FASTNF4_PIPE_STAGES1;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
   static constexpr int kRawBytes = 32 * 32;  // raw statistics of the next phase: 8 words per lane, word-major
@@ -555,9 +557,9 @@ struct Cursor {
   int split, slice, s_end;
 };
 
-template <typename T, int CG, bool kNested>
-__global__ void __launch_bounds__(pipe::Cfg<CG>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
-  using C = pipe::Cfg<CG>;
+template <typename T, int CG, bool kNested, int kCfg = 0>
+__global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
+  using C = pipe::Cfg<CG, kCfg>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
   using pipe::kPhase; using pipe::kTableBytes;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1187,7 +1189,8 @@ __global__ void __launch_bounds__(small::kThreads) gemv_small(const __grid_const
 }
 
 // Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
-// 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.variant``). M = 3-4 take the GEMM
+// 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.variant``); 5 = the decode kernel
+// with 20 warps x 4 stages (``gemv_mma.choose``). M = 3-4 take the GEMM
 // kernel: on the H200 it beat the decode kernel with 2 column groups there (gate_up 166 vs 172 us, down 75 vs
 // 88 us; NOTES.md session 4).
 template <typename T, bool kNested>
@@ -1198,6 +1201,7 @@ void* pick(int variant) {
     case 2: return (void*)gemm_mma_pipe<T, 2, kNested>;
     case 3: return (void*)gemm_mma_pipe<T, 4, kNested>;
     case 4: return (void*)gemv_small<T, kNested>;
+    case 5: return (void*)gemv_mma_pipe<T, 1, kNested, 1>;
   }
   return nullptr;
 }
@@ -1211,6 +1215,7 @@ int threads_for(int variant) {
   switch (variant) {
     case 0: return pipe::Cfg<1>::kThreads;
     case 4: return small::kThreads;
+    case 5: return pipe::Cfg<1, 1>::kThreads;
   }
   return gemm::kThreads;
 }
@@ -1222,13 +1227,16 @@ int smem_for(int variant) {
     case 2: return gemm::Cfg<2>::kSmem;
     case 3: return gemm::Cfg<4>::kSmem;
     case 4: return small::kXBytes;
+    case 5: return pipe::Cfg<1, 1>::kSmem;
   }
   return 0;
 }
 
 // weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block),
 // one per warp for the small-weight kernel
-int rows_for(int variant) { return variant == 0 ? 16 : variant == 4 ? small::kWarps : 16 * gemm::kWarps; }
+int rows_for(int variant) {
+  return variant == 0 || variant == 5 ? 16 : variant == 4 ? small::kWarps : 16 * gemm::kWarps;
+}
 
 }  // namespace fastnf4_mma
 

@@ -95,8 +95,14 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
 
 
-VARIANTS = (0, 1, 2, 3, 4)
+VARIANTS = (0, 1, 2, 3, 4, 5)
 SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
+DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block instead of 16 x 6
+# M = 1 weights of at most this many elements take DECODE_WIDE. H200 (benchmarks/probe_decode.py, two rounds, plan
+# split-K each): 16 x 6 -> 20 x 4 Llama qkv 24.0 -> 22.4 us, q+o 20.2 -> 20.0, Qwen q 16.1 -> 14.9, Qwen o 18.7 ->
+# 15.0, Gemma qkv 16.7 -> 16.1, Gemma q 12.8 -> 12.5; above, mixed: Llama gate_up 96.7 -> 100.4, Qwen gate+up
+# 35.3 -> 37.5, Qwen down 33.0 -> 31.7, Qwen gate_up 62.8 -> 60.1 (NOTES.md, session 13). M = 2 was not measured.
+WIDE_MAX_ELEMS = 96 * 2**20
 SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXBytes)
 # Weights of at most this many elements (N * K) take it, at M = 1 / M = 2. H200 (benchmarks/probe_small_kernel.py,
 # graph timing): it wins on every k/v projection at M = 1 (Llama 8.6 vs 11.9 us for the tensor-core kernel,
@@ -117,9 +123,12 @@ def small_fits(m: int, k: int, elem_bytes: int) -> bool:
 
 
 def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
-    """The variant a call takes: the small-weight kernel for small weights at M <= 2, else ``variant(m)``."""
+    """The variant a call takes: the small-weight kernel for small weights at M <= 2, the 20-warp decode kernel for
+    mid-size weights at M = 1, else ``variant(m)``."""
     if m <= 2 and n * k <= SMALL_MAX_ELEMS[m - 1] and small_fits(m, k, elem_bytes):
         return SMALL
+    if m == 1 and n * k <= WIDE_MAX_ELEMS:
+        return DECODE_WIDE
     return variant(m)
 
 
@@ -160,6 +169,8 @@ class Prepared:
         lib = _lib_for(index)
         m = x2d.shape[0]
         v = choose(m, n, k, x2d.element_size()) if kernel is None else kernel
+        if kernel is None and v == DECODE_WIDE and lib.occupancy[(_DTYPES[x2d.dtype], v, int(nested_code is not None))] <= 0:
+            v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if v == SMALL:
             if not small_fits(m, k, x2d.element_size()):
                 raise ValueError(f"gemv_mma: the small-weight kernel takes M <= 2 and M * K <= {SMALL_X_BYTES // 2}")
