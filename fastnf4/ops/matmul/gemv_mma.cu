@@ -497,7 +497,8 @@ constexpr int kPhase = 8;                      // slices per statistics phase: 3
 constexpr int kTableBytes = 256 * 256;
 // warps per block (one block per SM) and ring stages: kCfg 0 = 16 x 6 (112 registers), kCfg 1 = 20 x 4 (ptxas
 // then keeps it at 96 registers without spills). At M = 1 on the H200 the second is 2-20% faster on weights of
-// up to ~84M elements and up to 6% slower on some larger ones (NOTES.md, session 13); ``gemv_mma.choose`` picks.
+// up to ~84M elements launched alone and up to 6% slower on some larger ones (NOTES.md, session 13);
+// ``gemv_mma.choose`` picks.
 template <int CG, int kCfg = 0> struct Cfg {
   static constexpr int kWarps = kCfg ? 20 : FASTNF4_PIPE_WARPS1;
   static constexpr int kStages = kCfg ? 4 : FASTNF4_PIPE_STAGES1;
