@@ -302,13 +302,15 @@ def test_wide_decode_kernel_takes_the_mid_weights_at_m1():
     from fastnf4.ops.matmul import gemv_mma
 
     picks = {(model, layer): gemv_mma.choose(1, n, k, 2) for model, layer, n, k in model_shapes()}
-    # measured faster with 20 warps x 4 stages in two full bench runs (H200, NOTES.md session 13): K = 8192, <= 84M
-    for model, layer in (("llama-3.3-70b", "q+o"), ("llama-3.3-70b", "qkv"), ("qwen3-32b", "o")):
-        assert picks[(model, layer)] == gemv_mma.DECODE_WIDE
-    # faster alone, but erratic in the full bench runs (K = 5120 / 5376), or slower (the large ones): 16 warps
-    for model, layer in (("qwen3-32b", "q"), ("qwen3-32b", "qkv"), ("gemma-3-27b", "q"), ("gemma-3-27b", "o"),
-                         ("gemma-3-27b", "qkv"), ("llama-3.3-70b", "gate_up"), ("qwen3-32b", "gate+up")):
-        assert picks[(model, layer)] == gemv_mma.variant(1)
+    # measured faster with 20 warps x 4 stages (H200, NOTES.md session 13): q / o / qkv of all three models
+    for layer in ("q+o", "qkv"):
+        assert picks[("llama-3.3-70b", layer)] == gemv_mma.DECODE_WIDE
+    for model in ("qwen3-32b", "gemma-3-27b"):
+        for layer in ("q", "o", "qkv"):
+            assert picks[(model, layer)] == gemv_mma.DECODE_WIDE
+    # Llama gate_up and Qwen gate+up measured slower with it: the 16-warp kernel
+    assert picks[("llama-3.3-70b", "gate_up")] == gemv_mma.variant(1)
+    assert picks[("qwen3-32b", "gate+up")] == gemv_mma.variant(1)
     # M = 2 was not measured with it
     assert gemv_mma.choose(2, 8192, 5120, 2) == gemv_mma.variant(2)
 

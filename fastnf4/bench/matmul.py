@@ -7,6 +7,8 @@ cuBLAS on the dequantized weight against a float64 reference.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 import fastnf4
@@ -51,6 +53,11 @@ def run(opts) -> dict:
         qs_ = [q] + [clone_weight(q) for _ in range(reps - 1)]
         bnbs = [(x.packed, x.to_bnb()[1]) for x in qs_] if F is not None else None
         nf4_bytes = q.nbytes()
+        # the previous weight's M = 512-2048 rows leave the SM clock power-capped for ~0.2 s (H200: 1455 instead of
+        # 1980 MHz right after 3 s of GEMMs; benchmarks/probe_clock.py): the compute-bound decode kernels measured
+        # up to 25% slower in the M = 1 rows that followed, memory-bound kernels did not (NOTES.md, session 13)
+        torch.cuda.synchronize()
+        time.sleep(0.5)
         for m in ms:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=g)
             ref = x.double() @ wd64.T

@@ -12,8 +12,8 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | (M <= 16) / N >= 8192 (M <= 32): ``MMA_MIN_N``; at M <= 2 the   |
 |                           | weights of <= 12M / 9M elements (k/v projections) take its      |
 |                           | CUDA-core small-weight kernel (``gemv_mma.SMALL_MAX_ELEMS``),   |
-|                           | and at M = 1 those of <= 96M elements with K >= 8192 its decode |
-|                           | kernel with 20 warps x 4 stages (``gemv_mma.WIDE_MAX_ELEMS``)   |
+|                           | and at M = 1 those of <= 96M elements its decode kernel with 20 |
+|                           | warps x 4 stages (``gemv_mma.WIDE_MAX_ELEMS``)                  |
 | 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |

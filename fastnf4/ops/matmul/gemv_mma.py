@@ -98,15 +98,12 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
 VARIANTS = (0, 1, 2, 3, 4, 5)
 SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
 DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block instead of 16 x 6
-# M = 1 weights of at most WIDE_MAX_ELEMS elements and K >= WIDE_MIN_K take DECODE_WIDE. H200, session 13 (NOTES.md):
-# launched alone (benchmarks/probe_decode.py, probe_wide.py) 16 x 6 -> 20 x 4 was faster on every weight of <= 84M
-# elements (Qwen o 18.6 -> 15.0 us, Llama qkv 23.9 -> 22.3, q+o 20.1 -> 19.8, Qwen q 16.1 -> 14.9, Qwen qkv 18.2 ->
-# 17.3, Gemma qkv 16.8 -> 16.1) and mixed above (Llama gate_up 96.7 -> 100.4, Qwen gate+up 35.2 -> 37.5); but in two
-# full `bench matmul` runs the K = 5120 / 5376 weights moved by 10-20% between runs with it (Gemma q 13.7 / 15.3 us,
-# 0.94x bitsandbytes in one), while Qwen o and Llama qkv / q+o were faster in both. Only those take it. M = 2: not
-# measured.
+# M = 1 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE. H200, session 13 (NOTES.md; probe_decode.py,
+# probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
+# 15.0 us, Llama qkv 23.9 -> 22.3, q+o 20.1 -> 19.8, Qwen q 16.1 -> 14.9, Qwen qkv 18.2 -> 17.3, Gemma qkv 16.8 ->
+# 16.1, Gemma q 12.7 -> 12.4, Gemma o equal) and mixed above (Llama gate_up 96.7 -> 100.4, Qwen gate+up 35.2 -> 37.5),
+# also at a power-capped clock (Qwen q at 1455 MHz: 20.5 vs 16.7 us; probe_clock.py). M = 2: not measured.
 WIDE_MAX_ELEMS = 96 * 2**20
-WIDE_MIN_K = 8192
 SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXBytes)
 # Weights of at most this many elements (N * K) take it, at M = 1 / M = 2. H200 (benchmarks/probe_small_kernel.py,
 # graph timing): it wins on every k/v projection at M = 1 (Llama 8.6 vs 11.9 us for the tensor-core kernel,
@@ -131,7 +128,7 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
     mid-size weights at M = 1, else ``variant(m)``."""
     if m <= 2 and n * k <= SMALL_MAX_ELEMS[m - 1] and small_fits(m, k, elem_bytes):
         return SMALL
-    if m == 1 and n * k <= WIDE_MAX_ELEMS and k >= WIDE_MIN_K:
+    if m == 1 and n * k <= WIDE_MAX_ELEMS:
         return DECODE_WIDE
     return variant(m)
 
