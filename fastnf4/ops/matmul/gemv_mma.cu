@@ -352,18 +352,14 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-__device__ __forceinline__ void cp_async16_weights(uint32_t dst, const void* src, int size, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(size), "l"(policy));
-}
-// 16 bytes global -> shared, or 16 zero bytes (nothing read) where ``on`` is false
+// 16 bytes global -> shared, or 16 zero bytes where ``on`` is false: a predicate (PTX ignore-src: nothing is read)
+// instead of a run-time source size, for which ptxas emits size arithmetic on every copy
 __device__ __forceinline__ void cp_async16_if(uint32_t dst, const void* src, bool on) {
   asm volatile(
       "{\n .reg .pred off;\n setp.eq.u32 off, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, off;\n}\n" ::"r"(dst),
       "l"(src), "r"(static_cast<uint32_t>(on)));
 }
-// The same copy with a predicate instead of a source size: ``on`` false writes 16 zero bytes and reads nothing (PTX
-// ignore-src), without the size arithmetic that ptxas emits for a run-time source size.
+// The same for the weights, with the evict-first policy and the whole-line request
 __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* src, bool on, uint64_t policy) {
   asm volatile(
       "{\n .reg .pred off;\n setp.eq.u32 off, %2, 0;\n"

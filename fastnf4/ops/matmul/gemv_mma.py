@@ -169,15 +169,15 @@ class Prepared:
         index = _index(x2d.device)
         lib = _lib_for(index)
         m = x2d.shape[0]
+        nested = nested_code is not None
+        dt = _DTYPES[x2d.dtype]
         v = choose(m, n, k, x2d.element_size()) if kernel is None else kernel
-        if kernel is None and v == DECODE_WIDE and lib.occupancy[(_DTYPES[x2d.dtype], v, int(nested_code is not None))] <= 0:
+        if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if v == SMALL:
             if not small_fits(m, k, x2d.element_size()):
                 raise ValueError(f"gemv_mma: the small-weight kernel takes M <= 2 and M * K <= {SMALL_X_BYTES // 2}")
             splits = (1, -(-k // SLICE))  # one warp per row, no split-K
-        nested = nested_code is not None
-        dt = _DTYPES[x2d.dtype]
         occ = lib.occupancy[(dt, v, int(nested))]
         if occ <= 0:
             raise RuntimeError("gemv_mma kernel cannot be resident on this GPU")
