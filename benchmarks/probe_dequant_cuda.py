@@ -10,6 +10,7 @@ Triton kernel on poisoned outputs: on the probe shapes, and on odd sizes / every
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 
@@ -30,6 +31,34 @@ def prep(lib, w, code, dtype=torch.bfloat16, grid=None):
                       w.offset, 256, dtype, grid=grid)
 
 
+CHUNKS = (1, 2, 3, 4, 6, 8, 10, 12)
+
+
+def smem_prep(lib, w, code, dtype=torch.bfloat16, prefetch=0, grid=None):
+    """The experimental shared-memory kernel (one block per SM, its whole range copied at once), or None when the
+    weight needs more than 12 chunks per SM."""
+    f = lib.lib.fastnf4_dequant_smem
+    f.argtypes = [ctypes.POINTER(C.Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                  ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    pieces = w.numel // 32
+    grid = grid or lib.sms
+    per = max(1, -(-pieces // grid))
+    chunks = next((c for c in CHUNKS if c * 1024 >= per), None)
+    if chunks is None:
+        return None
+    base = prep(lib, w, code, dtype)
+    dt = C._DTYPES[dtype]
+
+    def run(out):
+        prm = C.Params.from_buffer_copy(base.params)
+        prm.out = out.data_ptr()
+        rc = f(ctypes.byref(prm), dt, base.nested, chunks, grid, per, prefetch,
+               torch._C._cuda_getCurrentRawStream(out.device.index), base.pdl)
+        assert rc == 0, rc
+        return out
+    return run
+
+
 def bits(t):
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
@@ -46,13 +75,17 @@ def check_edges() -> int:
                     ref = torch.empty(q.numel, dtype=dtype, device="cuda")
                     K.Prepared(q.packed_u8, q.absmax, code, bs, q.numel, q.nested_code, q.nested_absmax,
                                q.offset)(ref)
-                    for u, lib in LIBS.items():
-                        for grid in (None, 1, 3):
+                    runs = [(f"U{u} grid {g}", prep(lib, q, code, dtype, g)) for u, lib in LIBS.items()
+                            for g in (None, 1, 3)]
+                    runs += [(f"smem grid {g} pf {pf}", smem_prep(LIBS[4], q, code, dtype, pf, g)) for g in (None, 1, 3)
+                             for pf in (0, 1)]
+                    for name, run in runs:
+                        if run is not None:
                             out = torch.full_like(ref, float("nan"))
-                            prep(lib, q, code, dtype, grid)(out)
+                            run(out)
                             if not torch.equal(bits(out), bits(ref)):
                                 bad += 1
-                                print(f"MISMATCH {n}x{k} bs {bs} nested {nested} {dtype} U {u} grid {grid}")
+                                print(f"MISMATCH {n}x{k} bs {bs} nested {nested} {dtype} {name}")
     torch.cuda.synchronize()
     return bad
 
@@ -67,7 +100,13 @@ def main() -> None:
         for nested in (False, True):
             c = Case(n, k, nested)
             variants = {"triton": lambda i: c.prod[i](c.outs[i])}
+            for pf in (0, 1):
+                sm = [smem_prep(LIBS[4], w, c.code, prefetch=pf) for w in c.qs]
+                if sm[0] is not None:
+                    variants[f"smem pf{pf}"] = lambda i, sm=sm: sm[i](c.outs[i])
             for u, lib in LIBS.items():
+                if u == 2:
+                    continue
                 res = [prep(lib, w, c.code) for w in c.qs]
                 variants[f"cuda U{u}"] = lambda i, res=res: res[i](c.outs[i])
                 if u == 4:

@@ -188,6 +188,115 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const Params p) {
   }
 }
 
+// Experiment: one block per SM loads its whole range of packed bytes into shared memory at once (cp.async, one
+// commit group per chunk of kThreadsS x 16 bytes), then decodes chunk after chunk as the groups land. A thread
+// decodes exactly the 16 bytes (32 codes, one absmax) it copied, so no barrier is needed: cp.async.wait_group makes
+// a thread's own copies visible to it. Its statistics are loaded into registers up front as well.
+constexpr int kThreadsS = 1024;
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <typename T>
+__device__ __forceinline__ void decode_store16(const float* s_code, uint4 b, float absmax, void* out, long long piece) {
+  // piece = 16 packed bytes = 32 values = 4 (bf16 / fp16) or 8 (fp32) 16-byte vectors; word j -> vector j
+  const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) decode_store<T>(s_code, w[j], absmax, out, piece * 4 + j);
+}
+
+template <typename T, bool kNested, int kChunks>
+__global__ void __launch_bounds__(kThreadsS, 1) dequantize_smem_kernel(const Params p, long long per_block,
+                                                                        int prefetch) {
+  extern __shared__ __align__(16) uint8_t s_buf[];
+  __shared__ float s_code[16];
+  __shared__ float s_ncode[kNested ? 256 : 1];
+  const long long n_pieces = p.numel >> 5;  // pieces whose 32 values all exist
+  const long long begin = static_cast<long long>(blockIdx.x) * per_block;
+  const long long end = min(begin + per_block, n_pieces);
+  if (prefetch) {  // safe before the wait: nothing reaches registers or shared memory
+    for (long long i = begin * 16 + 128 * threadIdx.x; i < end * 16; i += 128 * kThreadsS)
+      asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p.packed + i));
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(s_buf)) + 16 * threadIdx.x;
+  Stat st[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const long long piece = begin + threadIdx.x + static_cast<long long>(c) * kThreadsS;
+    if (piece < end) {
+      cp_async16(s0 + 16 * kThreadsS * c, p.packed + piece * 16);
+      st[c] = load_stat<kNested>(p, (piece * 4) >> p.word_shift);
+    }
+    cp_commit();
+  }
+  if (threadIdx.x < 16) s_code[threadIdx.x] = p.code[threadIdx.x];
+  if constexpr (kNested) { if (threadIdx.x < 256) s_ncode[threadIdx.x] = p.nested_code[threadIdx.x]; }
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+  __syncthreads();
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const long long piece = begin + threadIdx.x + static_cast<long long>(c) * kThreadsS;
+    switch (kChunks - 1 - c) {  // wait for this chunk's group (immediate operand)
+      case 0: cp_wait<0>(); break; case 1: cp_wait<1>(); break; case 2: cp_wait<2>(); break;
+      case 3: cp_wait<3>(); break; case 4: cp_wait<4>(); break; case 5: cp_wait<5>(); break;
+      case 6: cp_wait<6>(); break; case 7: cp_wait<7>(); break; case 8: cp_wait<8>(); break;
+      case 9: cp_wait<9>(); break; case 10: cp_wait<10>(); break; default: cp_wait<11>(); break;
+    }
+    if (piece < end) {
+      uint4 b;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w) : "r"(s0 + 16 * kThreadsS * c));
+      decode_store16<T>(s_code, b, absmax_of<kNested>(st[c], s_ncode, offset), p.out, piece);
+    }
+  }
+  // the last numel % 32 values: block 0, one per thread
+  if (blockIdx.x == 0 && threadIdx.x < 32) {
+    const long long e = n_pieces * 32 + threadIdx.x;
+    if (e < p.numel) {
+      const uint8_t byte = p.packed[e >> 1];
+      const int c = (e & 1) ? (byte & 15) : (byte >> 4);
+      const float v = __fmul_rn(s_code[c], absmax_of<kNested>(load_stat<kNested>(p, (e >> 3) >> p.word_shift),
+                                                                s_ncode, offset));
+      if constexpr (std::is_same<T, float>::value) reinterpret_cast<float*>(p.out)[e] = v;
+      else if constexpr (std::is_same<T, __nv_bfloat16>::value) reinterpret_cast<__nv_bfloat16*>(p.out)[e] = __float2bfloat16_rn(v);
+      else reinterpret_cast<__half*>(p.out)[e] = __float2half_rn(v);
+    }
+  }
+}
+
+template <typename T, int kC>
+void* smem_kernel_nested(int nested) {
+  return nested ? reinterpret_cast<void*>(&dequantize_smem_kernel<T, true, kC>)
+                : reinterpret_cast<void*>(&dequantize_smem_kernel<T, false, kC>);
+}
+template <int kC>
+void* smem_kernel_for(int dtype, int nested) {
+  switch (dtype) {
+    case 0: return smem_kernel_nested<__nv_bfloat16, kC>(nested);
+    case 1: return smem_kernel_nested<__half, kC>(nested);
+    case 2: return smem_kernel_nested<float, kC>(nested);
+    default: return nullptr;
+  }
+}
+void* smem_kernel(int dtype, int nested, int chunks) {
+  switch (chunks) {
+    case 1: return smem_kernel_for<1>(dtype, nested);
+    case 2: return smem_kernel_for<2>(dtype, nested);
+    case 3: return smem_kernel_for<3>(dtype, nested);
+    case 4: return smem_kernel_for<4>(dtype, nested);
+    case 6: return smem_kernel_for<6>(dtype, nested);
+    case 8: return smem_kernel_for<8>(dtype, nested);
+    case 10: return smem_kernel_for<10>(dtype, nested);
+    case 12: return smem_kernel_for<12>(dtype, nested);
+    default: return nullptr;
+  }
+}
+
 #ifndef FASTNF4_DQ_U
 #define FASTNF4_DQ_U 4
 #endif
@@ -239,6 +348,30 @@ int fastnf4_dequant(const Params* p, int dtype, int nested, int grid, cudaStream
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(fastnf4_dq::kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return (int)cudaLaunchKernelExC(&cfg, f, args);
+}
+
+
+// Experiment: the shared-memory kernel; chunks in {1, 2, 3, 4, 6, 8, 10, 12}, grid blocks of per_block pieces.
+int fastnf4_dequant_smem(const Params* p, int dtype, int nested, int chunks, int grid, long long per_block,
+                         int prefetch, cudaStream_t stream, int pdl) {
+  void* f = fastnf4_dq::smem_kernel(dtype, nested, chunks);
+  if (f == nullptr || grid < 1) return (int)cudaErrorInvalidValue;
+  const int smem = 16 * fastnf4_dq::kThreadsS * chunks;
+  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+    return (int)cudaGetLastError();
+  }
+  void* args[] = {(void*)p, (void*)&per_block, (void*)&prefetch};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(fastnf4_dq::kThreadsS);
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
