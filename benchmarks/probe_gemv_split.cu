@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-namespace {
+namespace probe_split {
 
 struct Args {
   const uint8_t* packed;
@@ -150,7 +150,11 @@ void* pick_s(int s, int rw, int j) {
   }
 }
 
-}  // namespace
+}  // namespace probe_split
+
+using probe_split::Args;
+using probe_split::kWarps;
+using probe_split::kThreads;
 
 extern "C" {
 int probe_args_size() { return (int)sizeof(Args); }
@@ -159,7 +163,7 @@ int probe_args_size() { return (int)sizeof(Args); }
 int probe_rows_per_block(int s, int rw) { return (kWarps / s) * rw; }
 
 int probe_gemv_split(const Args* a, int nested, int s, int rw, int j, int grid, cudaStream_t stream) {
-  void* f = nested ? pick_s<true>(s, rw, j) : pick_s<false>(s, rw, j);
+  void* f = nested ? probe_split::pick_s<true>(s, rw, j) : probe_split::pick_s<false>(s, rw, j);
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   const int smem = 2 * a->K;
   if (smem > 48 * 1024 && cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
