@@ -1,5 +1,5 @@
 """The CUDA matmul kernels under compute-sanitizer (memcheck): small shapes whose statistics arrays end inside a
-4-byte word, nested and not, every kernel variant, split-K on and off.
+4-byte word, nested and not, every kernel variant, split-K on and off (the small-weight kernels ignore it).
 usage: compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize_mma.py"""
 import torch
 
@@ -16,7 +16,8 @@ for n, k, bs in [(17, 192, 64), (33, 320, 256), (5, 128, 64), (129, 1088, 1024)]
         slices = -(-k // 128)
         for m in (1, 2, 3, 8, 16, 32):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            for kernel in [gemv_mma.variant(m)] + ([gemv_mma.DECODE_WIDE] if m <= 2 else []):
+            kernels = [gemv_mma.variant(m)] + ([gemv_mma.DECODE_WIDE, gemv_mma.SMALL] if m <= 2 else [])
+            for kernel in kernels + ([gemv_mma.SPLIT] if m == 1 else []):
                 for splits in (None, (1, slices), (3, -(-slices // 3))):
                     y = gemv_mma.launch(x, *linear_args(q), splits=splits, kernel=kernel)
                     cases += 1

@@ -168,34 +168,39 @@ def _model_exact(q, x, bias):
 @pytest.mark.parametrize("blocksize", [32, 64, 256, 4096])
 @pytest.mark.parametrize("nested", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_small_weight_kernel_matches_model(n, k, blocksize, nested, dtype):
+@pytest.mark.parametrize("kernel", [gemv_mma.SMALL, gemv_mma.SPLIT])
+def test_small_weight_kernel_matches_model(n, k, blocksize, nested, dtype, kernel):
     torch.manual_seed(n + k + blocksize + 1)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
                          double_quant=nested)
     for m in (1, 2):
+        if kernel == gemv_mma.SPLIT and m == 2:
+            with pytest.raises(ValueError, match="takes M = 1"):
+                gemv_mma.launch(torch.randn(m, k, device="cuda", dtype=dtype), *linear_args(q), kernel=kernel)
+            continue
         if not gemv_mma.small_fits(m, k, 2):
             with pytest.raises(ValueError, match="small-weight kernel"):
-                gemv_mma.launch(torch.randn(m, k, device="cuda", dtype=dtype), *linear_args(q), kernel=gemv_mma.SMALL)
+                gemv_mma.launch(torch.randn(m, k, device="cuda", dtype=dtype), *linear_args(q), kernel=kernel)
             continue
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         bias = torch.randn(n, device="cuda", dtype=dtype) if (m + n) % 2 else None
         ref = _model_exact(q, x, bias)
         y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-        gemv_mma.launch(x, *linear_args(q, bias), y=y, kernel=gemv_mma.SMALL)
+        gemv_mma.launch(x, *linear_args(q, bias), y=y, kernel=kernel)
         tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
         assert torch.isfinite(y).all()
         assert ((y.double() - ref).abs() <= tol).all(), m
 
 
 @pytest.mark.parametrize("n, k", [(1000, 4128), (3000, 5376), (4096, 4096), (1024, 8192)])
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m, kernel", [(1, gemv_mma.SMALL), (2, gemv_mma.SMALL), (1, gemv_mma.SPLIT)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_small_weight_kernel_error_budget(n, k, m, dtype):
+def test_small_weight_kernel_error_budget(n, k, m, kernel, dtype):
     torch.manual_seed(n * m + 7)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.02, blocksize=64, double_quant=True)
     wd = fastnf4.dequantize(q)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     ref = x.double() @ wd.double().T
     y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    gemv_mma.launch(x, *linear_args(q), y=y, kernel=gemv_mma.SMALL)
+    gemv_mma.launch(x, *linear_args(q), y=y, kernel=kernel)
     assert _rel(y, ref) <= 2 * _rel(x @ wd.T, ref)

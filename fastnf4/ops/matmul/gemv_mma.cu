@@ -1185,9 +1185,146 @@ __global__ void __launch_bounds__(small::kThreads) gemv_small(const __grid_const
   }
 }
 
+// M = 1 small-weight kernel (variant 6): like the small-weight kernel but with more, smaller pieces per row, so
+// that a launch has every SM busy with several loads in flight per lane. A block takes 8 weight
+// rows at a time: its warps form 4 groups of 2 rows, and the 2 warps of a group split K (kParts): lane l of part
+// t takes the 16-byte chunks (32 codes) 32 (2 j + t) + l of both rows. All of a lane's chunks of one round
+// (kGroup per row) and their statistics are loaded before any is used, and x is staged in shared memory once per
+// block while the first loads are in flight; lookups and float32 sums as in the small-weight kernel; a warp
+// shuffle reduction and a fixed-order sum of the two parts through shared memory end the rows. H200
+// (benchmarks/probe_gemv_split.py, graph timing): k/v 4.5-6.7 us (small-weight kernel 6.8-9.3), Gemma q / o 11.0
+// (tensor-core decode kernel 12.5); from Qwen q (8192 x 5120) up the tensor-core kernel is faster (14.9 vs 17.0).
+namespace split {
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kXBytes = 32 * 1024;  // x as T: K * sizeof(T) must fit (the host checks)
+constexpr int kParts = 2;           // warps per row group, splitting K
+constexpr int kRows = 2;            // weight rows per warp
+constexpr int kGroup = 4;           // chunks per lane and row loaded before any is used
+constexpr int kBlockRows = kWarps / kParts * kRows;
+}  // namespace split
+
+template <typename T, bool kNested>
+__global__ void __launch_bounds__(split::kThreads, 3) gemv_split(const __grid_constant__ Params p) {
+  using namespace split;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float code[16];
+  __shared__ float nested_code[kNested ? 256 : 1];
+  __shared__ float red[kWarps][kRows];  // [warp][weight row] partial sums
+  pdl_wait();
+  const int K = static_cast<int>(p.K);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int group = warp / kParts, part = warp % kParts;
+  const int chunks = K >> 5;  // 32 codes = 16 bytes each
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const uint32_t* xs = reinterpret_cast<const uint32_t*>(smem);  // pairs of T
+  bool staged = false;
+  for (long long rb = blockIdx.x; rb * kBlockRows < p.N; rb += gridDim.x) {  // uniform over the block
+    const long long row0 = rb * kBlockRows + group * kRows;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+    for (int r0 = 0; r0 < chunks; r0 += 32 * kParts * kGroup) {  // rounds: uniform over the block
+      const int base = r0 + 32 * part + lane;
+      uint4 w[kRows][kGroup];
+      uint32_t q[kRows][kGroup];  // float32 absmax bits, or the nested 8-bit code
+      float s2[kRows][kGroup];    // nested: the code's scale
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {  // every load of the round first
+        const int c = base + 32 * kParts * g;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const long long row = row0 + r;
+          if (c < chunks && row < p.N) {
+            const long long e = row * K + 32LL * c;
+            w[r][g] = __ldcs(reinterpret_cast<const uint4*>(p.packed + (e >> 1)));
+            const long long blk = e >> log2_bs;
+            if constexpr (kNested) {
+              q[r][g] = __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + blk);
+              s2[r][g] = __ldg(p.nested_absmax + (blk >> 8));
+            } else {
+              q[r][g] = __float_as_uint(__ldg(reinterpret_cast<const float*>(p.absmax) + blk));
+              s2[r][g] = 0.f;
+            }
+          } else {
+            w[r][g] = make_uint4(0, 0, 0, 0);
+            q[r][g] = 0;
+            s2[r][g] = 0.f;
+          }
+        }
+      }
+      if (!staged) {  // x and the tables, once per block, while its first weights are on their way
+        staged = true;
+        if (threadIdx.x < 16) code[threadIdx.x] = __ldg(p.code + threadIdx.x);
+        if constexpr (kNested) nested_code[threadIdx.x] = __ldg(p.nested_code + threadIdx.x);  // kThreads == 256
+        const int xbytes = K * static_cast<int>(sizeof(T));  // a multiple of 64 (K % 32 == 0)
+        const uint8_t* xg = reinterpret_cast<const uint8_t*>(p.x);
+        for (int i = 16 * threadIdx.x; i < xbytes; i += 16 * kThreads) {
+          *reinterpret_cast<uint4*>(smem + i) = __ldg(reinterpret_cast<const uint4*>(xg + i));
+        }
+        pdl_launch_dependents();
+        __syncthreads();
+      }
+      const float offset = kNested ? __ldg(p.offset) : 0.f;
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const int c = base + 32 * kParts * g;
+        if (c >= chunks) break;
+        float am[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          // nested: as bitsandbytes' two steps, the product rounded, then the sum (no FMA)
+          am[r] = kNested ? __fadd_rn(__fmul_rn(nested_code[q[r][g]], s2[r][g]), offset) : __uint_as_float(q[r][g]);
+        }
+        const uint4* xc = reinterpret_cast<const uint4*>(xs + 16 * c);  // the 32 x values of chunk c
+        float s[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) s[r] = 0.f;
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const uint4 xv = xc[h];  // 8 x values: the 4 bytes of word h (hi nibble first in each byte)
+          const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const float2 xf = x_pair<T>(xw[b]);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+              const uint32_t word = h == 0 ? w[r][g].x : h == 1 ? w[r][g].y : h == 2 ? w[r][g].z : w[r][g].w;
+              const uint32_t byte = (word >> (8 * b)) & 0xffu;
+              s[r] = fmaf(code[byte >> 4], xf.x, s[r]);
+              s[r] = fmaf(code[byte & 15u], xf.y, s[r]);
+            }
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = fmaf(am[r], s[r], acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float v = acc[r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (part == 0 && lane < kRows) {  // the parts of a row added in a fixed order
+      const long long row = row0 + lane;
+      if (row < p.N) {
+        float v = 0.f;
+#pragma unroll
+        for (int t = 0; t < kParts; ++t) v += red[group * kParts + t][lane];
+        Pair<T>::store(p.y, row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+      }
+    }
+    __syncthreads();  // red is reused by the next row block
+  }
+}
+
+
 // Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
-// 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.variant``); 5 = the decode kernel
-// with 20 warps x 4 stages (``gemv_mma.choose``). M = 3-4 take the GEMM
+// 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.choose``); 5 = the decode kernel
+// with 20 warps x 4 stages (``gemv_mma.choose``); 6 = the split small-weight kernel (M = 1). M = 3-4 take the GEMM
 // kernel: on the H200 it beat the decode kernel with 2 column groups there (gate_up 166 vs 172 us, down 75 vs
 // 88 us; NOTES.md session 4).
 template <typename T, bool kNested>
@@ -1199,6 +1336,7 @@ void* pick(int variant) {
     case 3: return (void*)gemm_mma_pipe<T, 4, kNested>;
     case 4: return (void*)gemv_small<T, kNested>;
     case 5: return (void*)gemv_mma_pipe<T, 1, kNested, 1>;
+    case 6: return (void*)gemv_split<T, kNested>;
   }
   return nullptr;
 }
@@ -1213,6 +1351,7 @@ int threads_for(int variant) {
     case 0: return pipe::Cfg<1>::kThreads;
     case 4: return small::kThreads;
     case 5: return pipe::Cfg<1, 1>::kThreads;
+    case 6: return split::kThreads;
   }
   return gemm::kThreads;
 }
@@ -1225,14 +1364,16 @@ int smem_for(int variant) {
     case 3: return gemm::Cfg<4>::kSmem;
     case 4: return small::kXBytes;
     case 5: return pipe::Cfg<1, 1>::kSmem;
+    case 6: return split::kXBytes;
   }
   return 0;
 }
 
 // weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block),
-// one per warp for the small-weight kernel
+// one per warp for the small-weight kernel, 8 per block for the M = 1 small-weight kernel
 int rows_for(int variant) {
-  return variant == 0 || variant == 5 ? 16 : variant == 4 ? small::kWarps : 16 * gemm::kWarps;
+  return variant == 0 || variant == 5 ? 16 : variant == 4 ? small::kWarps : variant == 6 ? split::kBlockRows
+                                                                                          : 16 * gemm::kWarps;
 }
 
 }  // namespace fastnf4_mma

@@ -95,8 +95,9 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
 
 
-VARIANTS = (0, 1, 2, 3, 4, 5)
+VARIANTS = (0, 1, 2, 3, 4, 5, 6)
 SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
+SPLIT = 6  # the M = 1 small-weight kernel (CUDA cores, rows split over warp pairs; gemv_split in gemv_mma.cu)
 DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block instead of 16 x 6
 # M = 1 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE. H200, session 13 (NOTES.md; probe_decode.py,
 # probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
@@ -105,12 +106,17 @@ DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block ins
 # also at a power-capped clock (Qwen q at 1455 MHz: 20.5 vs 16.7 us; probe_clock.py). M = 2: not measured.
 WIDE_MAX_ELEMS = 96 * 2**20
 SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXBytes)
-# Weights of at most this many elements (N * K) take it, at M = 1 / M = 2. H200 (benchmarks/probe_small_kernel.py,
-# graph timing): it wins on every k/v projection at M = 1 (Llama 8.6 vs 11.9 us for the tensor-core kernel,
-# bitsandbytes 12.0; Qwen 6.8 vs 11.2 / 8.2; Gemma 2048x5376 9.3 vs 11.7 / 10.5) and on Llama / Qwen k/v at M = 2,
-# and loses from Gemma q/o (4096x5376, 11 MB: 16.8 vs 13.8 us) up: its lookups and x reads go through shared
-# memory per code, the fixed costs it saves only matter below ~6 MB.
-SMALL_MAX_ELEMS = (12 * 2**20, 9 * 2**20)
+# Weights of at most this many elements (N * K) take it at M = 2. H200 (benchmarks/probe_small_kernel.py, graph
+# timing): it won on every k/v projection at M = 1 (Llama 8.6 vs 11.9 us for the tensor-core kernel, bitsandbytes
+# 12.0; Qwen 6.8 vs 11.2 / 8.2; Gemma 2048x5376 9.3 vs 11.7 / 10.5; the split kernel below has taken M = 1 since)
+# and on Llama / Qwen k/v at M = 2, and lost from Gemma q/o (4096x5376, 11 MB: 16.8 vs 13.8 us) up: its lookups and
+# x reads go through shared memory per code, the fixed costs it saves only matter below ~6 MB.
+SMALL_MAX_ELEMS = 9 * 2**20
+# At M = 1 the split kernel takes the weights of at most this many elements instead (x staged the same way). H200
+# (benchmarks/probe_gemv_split.py, graph timing; its configuration 2 warps x 2 rows x 4 chunks per row and round was
+# within 4% of the best of 24 on each weight): Llama k/v 5.5 us (small-weight kernel 8.5), Qwen k/v 4.6 (6.8), Gemma
+# k/v 6.7 (9.3), Gemma q / o 11.0 / 11.1 (20-warp decode kernel 12.6 / 12.5); Qwen q 17.0 against 14.9.
+SPLIT_MAX_ELEMS = 24 * 2**20
 
 
 def variant(m: int) -> int:
@@ -124,9 +130,11 @@ def small_fits(m: int, k: int, elem_bytes: int) -> bool:
 
 
 def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
-    """The variant a call takes: the small-weight kernel for small weights at M <= 2, the 20-warp decode kernel for
-    mid-size weights at M = 1, else ``variant(m)``."""
-    if m <= 2 and n * k <= SMALL_MAX_ELEMS[m - 1] and small_fits(m, k, elem_bytes):
+    """The variant a call takes: the split small-weight kernel for small weights at M = 1, the small-weight kernel
+    for small weights at M = 2, the 20-warp decode kernel for mid-size weights at M = 1, else ``variant(m)``."""
+    if m == 1 and n * k <= SPLIT_MAX_ELEMS and small_fits(m, k, elem_bytes):
+        return SPLIT
+    if m == 2 and n * k <= SMALL_MAX_ELEMS and small_fits(m, k, elem_bytes):
         return SMALL
     if m == 1 and n * k <= WIDE_MAX_ELEMS:
         return DECODE_WIDE
@@ -174,10 +182,12 @@ class Prepared:
         v = choose(m, n, k, x2d.element_size()) if kernel is None else kernel
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
-        if v == SMALL:
+        if v == SPLIT and m != 1:
+            raise ValueError("gemv_mma: the split small-weight kernel takes M = 1")
+        if v in (SMALL, SPLIT):
             if not small_fits(m, k, x2d.element_size()):
                 raise ValueError(f"gemv_mma: the small-weight kernel takes M <= 2 and M * K <= {SMALL_X_BYTES // 2}")
-            splits = (1, -(-k // SLICE))  # one warp per row, no split-K
+            splits = (1, -(-k // SLICE))  # whole rows per block, no split-K across blocks
         occ = lib.occupancy[(dt, v, int(nested))]
         if occ <= 0:
             raise RuntimeError("gemv_mma kernel cannot be resident on this GPU")
