@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -25,6 +26,9 @@ SHAPES = [("llama k/v", 1024, 8192), ("qwen k/v", 1024, 5120), ("gemma k/v", 204
           ("gemma o", 5376, 4096), ("qwen q", 8192, 5120), ("qwen o", 5120, 8192), ("gemma qkv", 8192, 5376),
           ("qwen qkv", 10240, 5120), ("llama q+o", 8192, 8192), ("llama qkv", 10240, 8192)]
 CONFIGS = [(s, rw, j) for s in (1, 2, 4, 8) for rw in (1, 2) for j in (2, 4, 6)]
+if os.environ.get("FASTNF4_PROBE_SHAPES"):  # e.g. "gemma": only the shapes whose name contains one of these
+    SHAPES = [s for s in SHAPES if any(t in s[0] for t in os.environ["FASTNF4_PROBE_SHAPES"].split(","))]
+    CONFIGS = [(2, 2, 4), (1, 2, 2)]
 
 
 class Args(ctypes.Structure):
@@ -80,6 +84,14 @@ def main():
         time.sleep(0.5)
         row = dict(name=name, N=n, K=k, mb=q.nbytes() / 1e6)
         row["prod_us"] = time_graph([lambda i=i: fastnf4.linear(x, qs[i]) for i in range(reps)])["median_us"]
+        from fastnf4.api import linear_args
+        from fastnf4.ops.matmul import gemv_mma
+
+        for v in (gemv_mma.SPLIT, gemv_mma.DECODE_WIDE):  # through the package's launcher (its grid and plan)
+            if v == gemv_mma.SPLIT and not gemv_mma.small_fits(1, k, 2):
+                continue
+            row[f"v{v}_us"] = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), kernel=v)
+                                          for i in range(reps)])["median_us"]
         if F is not None:
             import bitsandbytes
 
@@ -99,6 +111,7 @@ def main():
         row["best"] = best
         rows.append(row)
         print(f"{name:10} {n:6d}x{k:<5d} {row['mb']:5.1f} MB prod {row['prod_us']:6.2f} bnb {row.get('bnb_us', 0):6.2f}"
+              f" v6 {row.get('v6_us', 0):6.2f} v5 {row.get('v5_us', 0):6.2f}"
               f" split best {best[1]:6.2f} us {best[0]}  worst err x{max(v['err_ratio'] for v in row.values() if isinstance(v, dict)):.2f}",
               flush=True)
     if out_json:
