@@ -1387,7 +1387,10 @@ int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   void* f = fastnf4_mma::kernel_for(dtype, variant, nested);
   if (f == nullptr) return 0;
   const int smem = fastnf4_mma::smem_for(variant);
-  cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  // the tensor-core kernels want all the shared memory they can get; the split small-weight kernel (x only, a
+  // few KiB per block) keeps the L1 the driver would leave it
+  if (variant != 6)
+    cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
@@ -1415,7 +1418,8 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(fastnf4_mma::threads_for(variant));
-  cfg.dynamicSmemBytes = fastnf4_mma::smem_for(variant);
+  // the split small-weight kernel stages only x: M * K values of 2 bytes (at most smem_for, checked by the host)
+  cfg.dynamicSmemBytes = variant == 6 ? static_cast<int>(2 * p->M * p->K) : fastnf4_mma::smem_for(variant);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -208,7 +208,9 @@ class Prepared:
         # PDL for these kernels is opt-in (FASTNF4_PDL_MMA=1): back to back it saves ~0.7-1.5 us per call, but a
         # graph-captured Qwen3-32B decode step at batch 1 measured 1.5-2% slower with it (NOTES.md, session 7)
         self.pdl = int(os.environ.get("FASTNF4_PDL_MMA", "0") == "1" and _triton.pdl(x2d.device, triton_kernel=False))
-        self.grid = min(sms * occ, -(-items // per_block))
+        # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to
+        # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
+        self.grid = -(-items // per_block) if v == SPLIT else min(sms * occ, -(-items // per_block))
         self.params = Params(
             packed=packed.data_ptr(), absmax=absmax.data_ptr(),
             nested_code=nested_code.data_ptr() if nested else None,
