@@ -1,5 +1,5 @@
-"""The persistent CUDA dequantize (fastnf4/ops/dequantize/dequant.cu) against the Triton kernel, on the probe shapes
-of benchmarks/dequant_probe_case.py (bf16 out, graph timing, % of the 2 GiB copy of the same run).
+"""The CUDA dequantize experiments (benchmarks/probe_dequant_cuda.cu; not used by the package) against the Triton
+kernel, on the probe shapes of benchmarks/dequant_probe_case.py (bf16 out, graph timing, % of the 2 GiB copy of the same run).
 
 Variants: words per lane per window (-DFASTNF4_DQ_U, separate builds) and the grid (resident: as many blocks as fit
 at once, each warp walks windows; full: one window per warp). Every variant is first checked bitwise against the
@@ -20,7 +20,7 @@ from dequant_probe_case import SHAPES, Case
 from fastnf4.bench.common import make_weight
 from fastnf4.bench.harness import copy_bandwidth, environment, time_graph
 from fastnf4.codebooks import kernel_code
-from fastnf4.ops.dequantize import cuda as C
+import dequant_cuda_host as C
 from fastnf4.ops.dequantize import kernel as K
 
 LIBS = {u: C.lib_for(torch.device("cuda"), (f"-DFASTNF4_DQ_U={u}",)) for u in (2, 4, 8)}

@@ -1,3 +1,4 @@
+// Experiment, not used by the package (NOTES.md session 14; benchmarks/probe_dequant_cuda.py drives it).
 // CUDA dequantize: packed 4-bit codes + (optionally double-quantized) absmax -> fp16 / bf16 / fp32, bit-exact with
 // bitsandbytes' CUDA kernel (code[c] * absmax in float32, one round-to-nearest-even to the output type; nested
 // absmax = nested_code[q] * nested_absmax[block / nested_blocksize], rounded, + offset, rounded).

@@ -1,4 +1,5 @@
-"""Host side of ``dequant.cu``: the persistent CUDA dequantize, launched through ctypes.
+"""Host side of ``probe_dequant_cuda.cu`` (an experiment, not used by the package: NOTES.md session 14), launched
+through ctypes.
 
 ``Prepared`` mirrors ``kernel.Prepared`` (arguments worked out once per weight, one launch per call, capturable in
 a CUDA graph once the library is loaded); ``prepare`` returns None where the CUDA kernel cannot take a call
@@ -12,9 +13,9 @@ import os
 
 import torch
 
-from ... import _cuda, _triton
+from fastnf4 import _cuda, _triton
 
-SOURCE = os.path.join(os.path.dirname(__file__), "dequant.cu")
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_dequant_cuda.cu")
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
@@ -27,7 +28,7 @@ class Params(ctypes.Structure):
 
 
 class Lib:
-    """One compiled ``dequant.cu`` (``extra``: nvcc flags, for experiments) on one device."""
+    """One compiled ``probe_dequant_cuda.cu`` (``extra``: nvcc flags, for experiments) on one device."""
 
     def __init__(self, lib: ctypes.CDLL, index: int):
         self.lib = lib
@@ -38,7 +39,7 @@ class Lib:
         lib.fastnf4_dequant_occupancy.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.fastnf4_dequant_occupancy.restype = ctypes.c_int
         if lib.fastnf4_dequant_params_size() != ctypes.sizeof(Params):
-            raise RuntimeError("dequant.cu Params layout differs from the ctypes mirror")
+            raise RuntimeError("probe_dequant_cuda.cu Params layout differs from the ctypes mirror")
         self.threads = lib.fastnf4_dequant_threads()
         self.window_words = lib.fastnf4_dequant_window_words()  # words per warp window
         # asking every kernel's occupancy loads the module now, never lazily inside a graph capture
