@@ -1,5 +1,5 @@
 """The CUDA matmul kernels under compute-sanitizer (memcheck): small shapes whose statistics arrays end inside a
-4-byte word, nested and not, every kernel variant, split-K on and off (the small-weight kernels ignore it).
+4-byte word, nested and not, every kernel variant, split-K on and off (the small-weight kernels ignore it), the wgmma kernel's split tail.
 usage: compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize_mma.py"""
 import torch
 
@@ -22,7 +22,9 @@ for n, k, bs in [(17, 192, 64), (33, 320, 256), (5, 128, 64), (129, 1088, 1024)]
                     y = gemv_mma.launch(x, *linear_args(q), splits=splits, kernel=kernel)
                     cases += 1
             if m >= 3 and wgmma.supports(x, q.packed_u8, bs, n, k, nested, q.nested_blocksize):
-                y = wgmma.launch(x, *linear_args(q))
-                cases += 1
+                # the plan's launch, every tile split, and (two row tiles) the first whole and the second split
+                for force in ({}, {"splits": 2}, {"splits": 3, "full_tiles": 1}):
+                    y = wgmma.launch(x, *linear_args(q), **force)
+                    cases += 1
 torch.cuda.synchronize()
 print(f"sanitize_mma: {cases} launches done")

@@ -123,18 +123,40 @@ def test_eager_plan_key_follows_the_wgmma_buckets():
 
 
 @pytest.mark.parametrize("m", [1, 9, 16, 17, 32, 33, 64, 100, 128, 200, 256, 1000])
-@pytest.mark.parametrize("n, k", [(57344, 8192), (4096, 5376), (200, 192), (8192, 64)])
+@pytest.mark.parametrize("n, k", [(57344, 8192), (21504, 5376), (10240, 8192), (4096, 5376), (200, 192), (8192, 64)])
 def test_wgmma_plan_covers_k(m, n, k):
     from fastnf4.ops.matmul import wgmma
 
     bm = wgmma.block_m(m)
     assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == 16 or bm // 2 < m)
-    s, per = wgmma.plan(m, n, k, 132, bm)  # 132 resident blocks
+    blocks = 2 if bm <= 64 else 1
+    slots = 132 * blocks
+    s, per, full = wgmma.plan(m, n, k, slots, bm, blocks)
     steps = k // wgmma.STEP
     assert s >= 1 and s * per >= steps and (s - 1) * per < steps  # every split has work, all of K is covered
-    tiles = -(-m // bm) * -(-n // wgmma.ROWS)
-    assert s == 1 or (tiles < 132 and per >= 8)
-    assert s == 1 or s * tiles <= 132 + 132 // 16  # one wave (H200: a second, partial wave cost up to 1.46x)
+    m_tiles, n_tiles = -(-m // bm), -(-n // wgmma.ROWS)
+    tiles = m_tiles * n_tiles
+    assert 0 <= full <= n_tiles and (s == 1) == (full == n_tiles)
+    assert s == 1 or per >= 8
+    one = wgmma._one_wave(tiles, steps, slots)
+    one_plan = (*one, 0 if one[0] > 1 else n_tiles)
+    if (s, per, full) == one_plan:  # the one-wave plan: every tile split alike, in one wave
+        assert s == 1 or (tiles < slots and s * tiles <= slots + slots // 16)
+    else:  # a tail plan: one block per SM only, and only where the model saves >= 8%
+        assert blocks == 1
+        base = wgmma._cost(m_tiles, n_tiles, one_plan[2], *one, steps, slots, m)
+        assert wgmma._cost(m_tiles, n_tiles, full, s, per, steps, slots, m) < wgmma.TAIL_GAIN * base
+
+
+def test_wgmma_tail_plan_fills_the_last_wave():
+    """Gemma gate+up (168 row tiles) at M = 128, one block per SM: two waves of whole tiles, or one wave and the
+    last 36 tiles in parts (the model's choice: 3 parts of 28 steps, 108 blocks in the second wave)."""
+    from fastnf4.ops.matmul import wgmma
+
+    assert wgmma._makespan([(264, 10)], 132) == 20 and wgmma._makespan([(132, 10), (100, 3)], 132) == 13
+    assert wgmma._makespan([(133, 10)], 132) == 20
+    assert wgmma.plan(128, 21504, 5376, 132, 128, 1) == (3, 28, 132)
+    assert wgmma.plan(128, 21504, 5376, 264, 64, 2)[2] in (0, 168)  # two blocks per SM: one-wave plan only
 
 
 def test_wgmma_not_supported_off_hopper():

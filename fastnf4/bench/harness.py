@@ -6,6 +6,7 @@ that the working set exceeds the L2 cache:
 * ``time_graph`` (the headline figure): ``per_graph`` consecutive calls captured in one CUDA graph; the
   time of a replay divided by ``per_graph``, median over replays. This is how the kernels run in a
   graph-captured model: back to back, launch gaps included, no host overhead.
+  ``time_graphs`` does the same for several providers with their replays interleaved (same clock state).
 * ``time_cuda``: events around each single call on a stream, the GPU first given a sleep so that the host
   queues every call ahead of it. It adds the event and launch latency of each call (~2 us).
 """
@@ -54,8 +55,7 @@ def time_cuda(calls: Sequence[Callable[[], object]], iters: int = 60, warmup: in
     return {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7], "host_us": host_s * 1e6}
 
 
-def time_graph(calls: Sequence[Callable[[], object]], per_graph: int = 20, replays: int = 15) -> dict:
-    """Per-call median / p20 / p80 microseconds from replays of a graph of ``per_graph`` calls."""
+def _capture(calls: Sequence[Callable[[], object]], per_graph: int) -> "torch.cuda.CUDAGraph":
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (compilation, allocator) outside the capture
@@ -66,9 +66,50 @@ def time_graph(calls: Sequence[Callable[[], object]], per_graph: int = 20, repla
     with torch.cuda.graph(graph):
         for i in range(per_graph):
             calls[i % len(calls)]()
-    t = time_cuda([graph.replay], iters=replays, warmup=2)
-    del graph
-    return {k: v / per_graph for k, v in t.items() if k != "host_us"}
+    return graph
+
+
+def time_graphs(providers: dict[str, Sequence[Callable[[], object]]], per_graph: int = 20, replays: int = 15,
+                warmup: int = 2) -> dict[str, dict]:
+    """``time_graph`` for several providers at once, their replays interleaved: round r replays every provider's
+    graph once, starting at provider r (mod count), so that all of them are timed in the same clock and power
+    state. Under sustained GEMM load the H200 lowers its SM clock within a fraction of a second (NOTES.md,
+    session 13: 1980 -> 1455 MHz); timed one after the other, a provider that comes later pays that alone."""
+    graphs = {name: _capture(calls, per_graph) for name, calls in providers.items()}
+    names = list(graphs)
+    for _ in range(warmup):
+        for name in names:
+            graphs[name].replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for name in names:
+        graphs[name].replay()
+    host_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(replays)] for name in names}
+    # keep the GPU busy (sleep counts ~2 GHz cycles) while the host enqueues every replay
+    torch.cuda._sleep(int(2e6 + 2 * replays * host_s * 2e9))
+    for r in range(replays):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            start, end = events[name][r]
+            start.record()
+            graphs[name].replay()
+            end.record()
+    torch.cuda.synchronize()
+    out = {}
+    for name in names:
+        us = sorted(s.elapsed_time(e) * 1e3 / per_graph for s, e in events[name])
+        q = statistics.quantiles(us, n=10)
+        out[name] = {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7]}
+    del graphs
+    return out
+
+
+def time_graph(calls: Sequence[Callable[[], object]], per_graph: int = 20, replays: int = 15) -> dict:
+    """Per-call median / p20 / p80 microseconds from replays of a graph of ``per_graph`` calls."""
+    return time_graphs({"": calls}, per_graph=per_graph, replays=replays)[""]
 
 
 def time_both(calls: Sequence[Callable[[], object]]) -> dict:

@@ -61,12 +61,38 @@ def test_matches_cublas_on_the_dequantized_weight(n, k, blocksize, nested, dtype
 
 
 @pytest.mark.parametrize("bm", wgmma.BLOCK_M)
-@pytest.mark.parametrize("splits", [1, 3])
-def test_every_variant_and_split_k(bm, splits):
+@pytest.mark.parametrize("splits, full_tiles", [(1, None), (3, None), (3, 1), (2, 2)])
+def test_every_variant_and_split_k(bm, splits, full_tiles):
+    """Every tile split, or the first full_tiles of the 3 row tiles whole and the others (the tail) split; N = 300
+    ends inside the last tile."""
     torch.manual_seed(bm + splits)
-    q = fastnf4.quantize(torch.randn(384, 1536, device="cuda", dtype=torch.bfloat16) * 0.05)
+    q = fastnf4.quantize(torch.randn(300, 1536, device="cuda", dtype=torch.bfloat16) * 0.05)
     for m in (40, 64, 130, 257):
-        _check(q, m, torch.bfloat16, torch.randn(384, device="cuda", dtype=torch.bfloat16), bm=bm, splits=splits)
+        _check(q, m, torch.bfloat16, torch.randn(300, device="cuda", dtype=torch.bfloat16), bm=bm, splits=splits,
+               full_tiles=full_tiles)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tail_plan_matches_and_replays_equal(dtype):
+    """Gemma gate+up at M = 128 takes the tail plan on an H100 / H200 (132 SMs: 132 tiles whole, 36 in 3 parts)."""
+    torch.manual_seed(3)
+    n, k, m = 21504, 5376, 128
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.02)
+    prepared = wgmma.Prepared(*linear_args(q))
+    s, per, full = wgmma.plan(m, n, k, prepared.lib.sms, 128, 1)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert (s, per, full) == (3, 28, 132)
+    bias = torch.randn(n, device="cuda", dtype=dtype)
+    _check(q, m, dtype, bias)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    y1 = prepared(x, bias)
+    y2 = prepared(x, bias, splits=1)  # no split: differs only in the tail's summation order
+    assert torch.equal(y1[:, : full * 128], y2[:, : full * 128])
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = prepared(x, bias)
+    g.replay()
+    assert torch.equal(yg, y1)
 
 
 def test_dispatch_takes_it_and_graph_replays_equal():

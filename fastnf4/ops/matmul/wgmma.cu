@@ -22,9 +22,14 @@
 // issues its four wgmma asynchronously, decodes the next step's fragments while they run, then waits: the decode of
 // step j + 1 overlaps the tensor-core work of step j. One block barrier per step (the weight copies).
 // Epilogue: bias, conversion, a padded shared-memory transpose and 16-byte row stores of y; with split-K
-// (gridDim.z > 1) float32 partial sums, one [M, N] slice per split, which a second kernel (splitk_sum, launched
-// right after on the same stream) adds up in split order (results do not depend on timing), with the bias, and
-// converts.
+// float32 partial sums, one [M, W] slice per split, which a second kernel (splitk_sum, launched right after on the
+// same stream) adds up in split order (results do not depend on timing), with the bias, and converts.
+//
+// Tiles and splits: blockIdx.x is the x row tile; blockIdx.y < full_tiles is weight row tile blockIdx.y over all
+// of K (stored to y directly); the blocks after those take the last tail_tiles weight row tiles ("the tail", W =
+// N - 128 full_tiles columns of y), each split into parts of steps_per_split K steps (j = blockIdx.y - full_tiles:
+// tile full_tiles + j % tail_tiles, part j / tail_tiles). Every tile split is full_tiles = 0; none is
+// tail_tiles = 0. The whole tiles are launched first and the short split blocks fill the last wave (wgmma.plan).
 //
 // Copies of whole aligned 4- or 16-byte statistics words can read up to 15 bytes past the end of the absmax
 // array, never past the aligned 16-byte chunk that holds its last element (so never into another page).
@@ -55,7 +60,9 @@ struct Params {
   float* y32;                  // [splits, M, N] float32 partial sums when split-K, else null
   long long M, N, K;
   long long log2_blocksize;
-  long long steps_per_split;   // K steps (of 64) per blockIdx.z
+  long long steps_per_split;   // K steps (of 64) per split part of a tail tile
+  long long full_tiles;        // weight row tiles computed whole (the first ones)
+  long long tail_tiles;        // weight row tiles after those, split over K (0: none)
 };
 
 // What the kernel gets: the caller's parameters and the TMA descriptor of x (built per launch, see fastnf4_wgmma)
@@ -426,10 +433,14 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
-  const long long n0 = static_cast<long long>(blockIdx.y) * kBN;
+  const long long tail_j = static_cast<long long>(blockIdx.y) - p.full_tiles;
+  const bool is_part = tail_j >= 0;  // a split part of a tail tile (writes float32 partial sums)
+  const long long n_tile = is_part ? p.full_tiles + tail_j % p.tail_tiles : blockIdx.y;
+  const long long split = is_part ? tail_j / p.tail_tiles : 0;
+  const long long n0 = n_tile * kBN;
   const long long steps = p.K / kStep;
-  const long long s_begin = static_cast<long long>(blockIdx.z) * p.steps_per_split;
-  const int nsteps = static_cast<int>(min(steps, s_begin + p.steps_per_split) - s_begin);
+  const long long s_begin = split * p.steps_per_split;
+  const int nsteps = static_cast<int>(is_part ? min(steps, s_begin + p.steps_per_split) - s_begin : steps);
   auto kstep = [&](int u) -> long long { return s_begin + u; };
 
   // code-pair table: entry v = (code[v >> 4], code[v & 15]) in float32, 16 copies (rounded-code decode: in the
@@ -652,13 +663,14 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   __syncthreads();
   // accumulator fragment: acc[4 j + e] = (weight row ra / rb for e < 2 / >= 2, x row 8 j + 2 t + (e & 1))
   const long long na = n0 + ra, nb = n0 + rb;
-  if (p.y32 != nullptr) {
+  if (is_part) {
+    const long long col0 = p.full_tiles * kBN, w = p.N - col0;
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const long long m = m0 + 8 * j + 2 * t + (e & 1), n = e < 2 ? na : nb;
-        if (m < p.M && n < p.N) p.y32[(blockIdx.z * p.M + m) * p.N + n] = acc[4 * j + e];
+        if (m < p.M && n < p.N) p.y32[(split * p.M + m) * w + n - col0] = acc[4 * j + e];
       }
     }
     return;
@@ -692,18 +704,20 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   }
 }
 
-// y = sum of the S float32 partial slices [S, M, N] in split order (+ bias), rounded once to the output dtype.
-// One launch over the whole GPU (an in-kernel settle by the block completing each tile was 1.5-2x slower:
-// NOTES.md session 11; torch's sum + copy took two launches).
+// Columns col0 .. N - 1 of y (the split tail, W = N - col0 wide) = the sum of the S float32 partial slices
+// [S, M, W] in split order (+ bias), rounded once to the output dtype. One launch over the whole GPU (an in-kernel
+// settle by the block completing each tile was 1.5-2x slower: NOTES.md session 11; torch's sum + copy took two
+// launches).
 template <typename T>
 __global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32, const void* bias, void* y, int splits,
-                                                  long long mn, long long n) {
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < mn;
+                                                  long long mw, long long w, long long col0, long long n) {
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < mw;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     float v = 0.f;
-    for (int z = 0; z < splits; ++z) v += __ldcs(y32 + z * mn + i);
-    if (bias != nullptr) v += Pair<T>::load(bias, i % n);
-    reinterpret_cast<uint16_t*>(y)[i] = Pair<T>::bits(v);
+    for (int z = 0; z < splits; ++z) v += __ldcs(y32 + z * mw + i);
+    const long long m = i / w, c = col0 + (i - m * w);
+    if (bias != nullptr) v += Pair<T>::load(bias, c);
+    reinterpret_cast<uint16_t*>(y)[m * n + c] = Pair<T>::bits(v);
   }
 }
 
@@ -760,8 +774,9 @@ int fastnf4_wgmma_ready(int dtype, int bm, int nested) {
 
 int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 
-// dtype 0 = bf16, 1 = fp16; grid = (M tiles, N tiles, K splits); returns a cudaError_t.
-int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int gy, int gz, cudaStream_t stream) {
+// dtype 0 = bf16, 1 = fp16; gx x row tiles; p->full_tiles whole weight row tiles, then p->tail_tiles of them in
+// `splits` parts each (the grid's y: full_tiles + tail_tiles x splits); returns a cudaError_t.
+int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int splits, cudaStream_t stream) {
   const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
   if (v.f == nullptr) return (int)cudaErrorInvalidValue;
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
@@ -786,16 +801,22 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int gy
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return (int)cudaErrorInvalidValue;
+  const long long col0 = p->full_tiles * fastnf4_wg::kBN, w = p->N - col0;
+  const long long gy = p->full_tiles + p->tail_tiles * splits;
+  if (gx < 1 || splits < 1 || p->full_tiles < 0 || p->tail_tiles < 0 || gy < 1 || gy > 65535 ||
+      (p->tail_tiles > 0) != (p->y32 != nullptr) || (p->tail_tiles > 0 && w <= 0) ||
+      (p->tail_tiles > 0 && (p->steps_per_split < 1 || (splits - 1) * p->steps_per_split >= p->K / fastnf4_wg::kStep)))
+    return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)&kp};
-  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, gy, gz), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
-  if (rc != cudaSuccess || gz == 1) return (int)rc;
+  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
+  if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
   // split-K: the partial slices are complete when the next kernel on the stream starts
-  const long long mn = p->M * p->N;
-  const int blocks = (int)(mn / 256 + 1 < 132 * 8 ? mn / 256 + 1 : 132 * 8);
+  const long long mw = p->M * w;
+  const int blocks = (int)(mw / 256 + 1 < 132 * 8 ? mw / 256 + 1 : 132 * 8);
   if (dtype == 0) {
-    fastnf4_wg::splitk_sum<__nv_bfloat16><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, gz, mn, p->N);
+    fastnf4_wg::splitk_sum<__nv_bfloat16><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, mw, w, col0, p->N);
   } else {
-    fastnf4_wg::splitk_sum<__half><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, gz, mn, p->N);
+    fastnf4_wg::splitk_sum<__half><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, mw, w, col0, p->N);
   }
   return (int)cudaGetLastError();
 }

@@ -30,6 +30,7 @@ class Params(ctypes.Structure):
         ("x", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("y32", ctypes.c_void_p),
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong),
         ("log2_blocksize", ctypes.c_longlong), ("steps_per_split", ctypes.c_longlong),
+        ("full_tiles", ctypes.c_longlong), ("tail_tiles", ctypes.c_longlong),
     ]
 
 
@@ -38,7 +39,7 @@ class _Lib:
         self.lib = lib
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         lib.fastnf4_wgmma.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.fastnf4_wgmma.restype = ctypes.c_int
         lib.fastnf4_wgmma_ready.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_wgmma_ready.restype = ctypes.c_int
@@ -87,8 +88,16 @@ def block_m(m: int) -> int:
     return BLOCK_M[-1]
 
 
-@functools.lru_cache(maxsize=4096)
-def plan(m: int, n: int, k: int, slots: int, bm: int) -> tuple[int, int]:
+def _split_steps(steps: int, want: int) -> tuple[int, int]:
+    """(parts, steps per part) for K cut into about ``want`` parts: whole 4-step statistics quads per part where K
+    has them (wgmma.cu copies the statistics by quads only then), every part non-empty."""
+    per = -(-steps // want)
+    if steps % 4 == 0:
+        per = -(-per // 4) * 4
+    return -(-steps // per), per
+
+
+def _one_wave(tiles: int, steps: int, slots: int) -> tuple[int, int]:
     """(splits, steps per split): split K when the output tiles alone would leave some of the ``slots`` (resident
     blocks on the whole GPU) idle, into as many splits as fit in one wave, or one more where that overfills the
     GPU by at most 1/16 of its slots. H200 (benchmarks/probe_wgmma_splits.py, results/h200-probe-wgmma-splits.json):
@@ -96,20 +105,70 @@ def plan(m: int, n: int, k: int, slots: int, bm: int) -> tuple[int, int]:
     pairs, by 1.1-1.46x on 36 (e.g. Llama down at M = 128 153 vs 204 us, Qwen q at M = 32 25.2 vs 31.2), within 4% on
     Gemma gate+up / qkv, and slower only on Qwen o at M = 16-64 (26.2 vs 24.0 us: 6 splits against 7, whose 280
     blocks overfill the 264 slots by 16, hence the 1/16)."""
-    steps = k // STEP
-    tiles = -(-m // bm) * -(-n // ROWS)
     if tiles >= slots:
         return 1, steps
     want = max(1, slots // tiles)
     if (want + 1) * tiles <= slots + slots // 16:
         want += 1
     want = min(want, max(1, steps // 8))  # at least 8 steps per split
-    if want == 1:
-        return 1, steps
-    per = -(-steps // want)
-    if steps % 4 == 0:
-        per = -(-per // 4) * 4  # whole 4-step statistics quads per split (wgmma.cu copies them only then)
-    return -(-steps // per), per
+    return (1, steps) if want == 1 else _split_steps(steps, want)
+
+
+# The tail plan's model (one resident block per SM), in units of one K step of a block: each block costs its steps
+# plus BLOCK_COST (prologue, pipeline fill, epilogue), blocks start in launch order on the first free slot, and a
+# split tail adds SUM_COST (the sum kernel's launch) plus its float32 partials written and read at SUM_BYTES_PER_STEP.
+BLOCK_COST = 5
+SUM_COST = 5
+SUM_BYTES_PER_STEP = 2.1e6  # ~3 TB/s over a ~0.7 us step (H200, BM 128: 0.65-0.73 us per step at M = 128)
+TAIL_GAIN = 0.92            # take a tail plan only where the model says it saves at least 8%
+
+
+def _makespan(groups: list[tuple[int, int]], slots: int) -> int:
+    """Finish time of blocks (count, length) started in order, each on the earliest free of ``slots``."""
+    import heapq
+
+    free = [0] * slots
+    for count, length in groups:
+        for _ in range(count):
+            heapq.heapreplace(free, free[0] + length)
+    return max(free)
+
+
+def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: int, slots: int, m: int) -> float:
+    tail = n_tiles - full
+    t = _makespan([(m_tiles * full, steps + BLOCK_COST), (m_tiles * tail * splits, per + BLOCK_COST)], slots)
+    if tail and splits > 1:
+        t += SUM_COST + 8 * splits * m * tail * ROWS / SUM_BYTES_PER_STEP
+    return t
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) -> tuple[int, int, int]:
+    """(splits, steps per split, full tiles): the first ``full tiles`` weight row tiles run whole, the others
+    (the tail) in ``splits`` parts over K (wgmma.cu: whole tiles first, the short split blocks fill the last wave).
+
+    With two resident blocks per SM (BM <= 64) the one-wave plan (``_one_wave``; every tile split alike, or none).
+    With one (BM 128 / 256), whichever of that and the tail plans the model above says is fastest, the tail only
+    where it saves >= 8%: e.g. Gemma gate+up (168 tiles) at M = 128 runs 132 tiles whole and 36 in 3 parts, one wave
+    and a third instead of two waves; Qwen gate_up (400 tiles) runs 396 whole and 4 in 10 parts instead of 4 waves."""
+    steps = k // STEP
+    m_tiles, n_tiles = -(-m // bm), -(-n // ROWS)
+    s, per = _one_wave(m_tiles * n_tiles, steps, slots)
+    base = (s, per, 0 if s > 1 else n_tiles)
+    if blocks_per_sm != 1:
+        return base
+    best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m)
+    limit = best_cost * TAIL_GAIN
+    fulls = {0} | {min(n_tiles - 1, (w * slots) // m_tiles) for w in range(1, n_tiles * m_tiles // slots + 1)}
+    for full in sorted(f for f in fulls if f >= 0):
+        for want in range(2, min(16, steps // 8) + 1):
+            s2, per2 = _split_steps(steps, want)
+            if s2 < 2:
+                continue
+            c = _cost(m_tiles, n_tiles, full, s2, per2, steps, slots, m)
+            if c < limit and c < best_cost:
+                best, best_cost = (s2, per2, full), c
+    return best
 
 
 class Prepared:
@@ -134,33 +193,42 @@ class Prepared:
         )
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None = None, y: torch.Tensor | None = None,
-                 bm: int | None = None, splits: int | None = None) -> torch.Tensor:
-        """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias)."""
+                 bm: int | None = None, splits: int | None = None, full_tiles: int | None = None) -> torch.Tensor:
+        """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias).
+        ``bm`` / ``splits`` / ``full_tiles`` force a variant (tests, probes): ``splits`` parts of K for every weight
+        row tile after the first ``full_tiles`` (default 0)."""
         m, n, k = x2d.shape[0], self.n, self.k
         bm = bm or block_m(m)
         steps = k // STEP
+        n_tiles = -(-n // ROWS)
         if splits is None:
-            slots = self.lib.sms * self.lib.ready[(_DTYPES[x2d.dtype], bm, int(self.nested))]
-            s, per = plan(m, n, k, slots, bm)
+            blocks = self.lib.ready[(_DTYPES[x2d.dtype], bm, int(self.nested))]
+            s, per, full = plan(m, n, k, self.lib.sms * blocks, bm, blocks)
         else:
-            per = -(-steps // splits)
-            s = -(-steps // per)
+            s, per = _split_steps(steps, splits)
+            full = n_tiles if s == 1 else min(n_tiles - 1, full_tiles or 0)
+        if s == 1:
+            full = n_tiles
+        tail = n_tiles - full
         if y is None:
             y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-        y32 = torch.empty(s, m, n, dtype=torch.float32, device=x2d.device) if s > 1 else None
+        y32 = torch.empty(s, m, n - full * ROWS, dtype=torch.float32, device=x2d.device) if tail else None
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
-        p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per
-        p.bias = bias.data_ptr() if bias is not None else None  # with split-K applied by the sum kernel
+        p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per if tail else steps
+        p.full_tiles, p.tail_tiles = full, tail
+        p.bias = bias.data_ptr() if bias is not None else None  # for the tail applied by the sum kernel
         p.y32 = y32.data_ptr() if y32 is not None else None
         rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), -(-m // bm),
-                                        -(-n // ROWS), s, torch._C._cuda_getCurrentRawStream(self.index))
+                                        s, torch._C._cuda_getCurrentRawStream(self.index))
         if rc != 0:
             raise RuntimeError(f"wgmma launch failed (cudaError {rc})")
         return y  # with split-K, wgmma.cu's second kernel added the partials in split order, the bias, and rounded
 
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
-           y: torch.Tensor | None = None, bm: int | None = None, splits: int | None = None) -> torch.Tensor:
-    """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` force a variant (probes)."""
+           y: torch.Tensor | None = None, bm: int | None = None, splits: int | None = None,
+           full_tiles: int | None = None) -> torch.Tensor:
+    """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` / ``full_tiles`` force a
+    variant (tests, probes; see ``Prepared.__call__``)."""
     return Prepared(packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                    nested_blocksize)(x2d, bias, y, bm, splits)
+                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles)
