@@ -79,10 +79,16 @@ def mma_wanted(m: int, n: int) -> bool:
 # gate+up tied (164.0 vs 163.0): weights of 67-131 row tiles neither split K nor fill the GPU. So at M 129-256:
 # the weights of <= 66 row tiles (N <= 8448: they split K) from 20M elements (Llama q+o 71.0 vs 93.3, Qwen down
 # 145.6 vs 193.4, Gemma down 118.9 vs 167.7, Gemma o 34.3 vs 34.8 in that bench), plus, as before, the big (>= 200M,
-# N >= 8192) and the wide (N >= 16384, >= 120M: not Gemma gate+up, 115M) ones. Before the one-wave plan (sessions
+# N >= 8192) and the wide (N >= 16384, >= 120M then: not Gemma gate+up, 115M) ones. Before the one-wave plan (sessions
 # 8-10: results/h200-probe-wgmma-mid.json, -m512.json) the weights under 64M elements lost at M = 128. M 33-64 keeps
 # its session-9 rule (Gemma q / o, 22M, lost there; their split plan did not change). At M = 512 only Llama's gate_up
 # (470M) won in both runs of session 9 (by 11-15%; the 230-260M weights by -1 to +13%); above, dequantize + cuBLAS.
+# Session 15's tail plan (wgmma.plan: whole tiles first, the last ones split to fill the last wave;
+# benchmarks/probe_wgmma_tail.py, results/h200-probe-wgmma-tail.json, interleaved graph timing) made Gemma gate+up
+# (115M, 168 row tiles) at M = 256 126.1 us against dequantize + cuBLAS 160.1 (the one-wave plan: 164.9), so the wide
+# rule starts at 110M now. At M = 512 the tail plan brought the wgmma kernel level with dequantize + cuBLAS on most
+# weights of >= 50M (Llama qkv 167.5 vs 168.2, Qwen gate+up 265.2 vs 275.4, Qwen gate_up 542.1 vs 549.0, Gemma
+# gate_up 483.8 vs 486.2) but not ahead by enough to move the M = 512 rule (Gemma down 254.7 vs 234.9).
 #
 # M = 9-32 (x rows per block 16 / 32, which decode with rounded codes: wgmma.cu kFastMaxBM): the wgmma kernel's time
 # hardly moves with M there (decode-bound), the GEMM kernel's grows with its variant (M <= 8 / 16 / 32, so M = 16
@@ -115,7 +121,7 @@ WGMMA_RULES = (
     (32, ((20 * 2**20, 0, _ANY, _ANY),)),
     (64, ((32 * 2**20, 0, _ANY, _ANY),)),
     (128, ((20 * 2**20, 0, _ANY, _ANY),)),
-    (256, ((200 * 2**20, 8192, _ANY, _ANY), (120 * 2**20, 16384, _ANY, _ANY), (20 * 2**20, 0, 8448, _ANY))),
+    (256, ((200 * 2**20, 8192, _ANY, _ANY), (110 * 2**20, 16384, _ANY, _ANY), (20 * 2**20, 0, 8448, _ANY))),
     (512, ((400 * 2**20, 8192, _ANY, _ANY),)),
 )
 
