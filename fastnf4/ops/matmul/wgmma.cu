@@ -707,17 +707,21 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 // Columns col0 .. N - 1 of y (the split tail, W = N - col0 wide) = the sum of the S float32 partial slices
 // [S, M, W] in split order (+ bias), rounded once to the output dtype. One launch over the whole GPU (an in-kernel
 // settle by the block completing each tile was 1.5-2x slower: NOTES.md session 11; torch's sum + copy took two
-// launches).
+// launches). Rows over blockIdx.y, columns over blockIdx.x and the threads: no division per element (a 64-bit one
+// cost the split rows 2-3 us at M = 128-256).
 template <typename T>
 __global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32, const void* bias, void* y, int splits,
-                                                  long long mw, long long w, long long col0, long long n) {
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < mw;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    float v = 0.f;
-    for (int z = 0; z < splits; ++z) v += __ldcs(y32 + z * mw + i);
-    const long long m = i / w, c = col0 + (i - m * w);
-    if (bias != nullptr) v += Pair<T>::load(bias, c);
-    reinterpret_cast<uint16_t*>(y)[m * n + c] = Pair<T>::bits(v);
+                                                  long long rows, long long w, long long col0, long long n) {
+  const long long mw = rows * w;
+  for (long long m = blockIdx.y; m < rows; m += gridDim.y) {
+    for (long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; c < w;
+         c += static_cast<long long>(gridDim.x) * blockDim.x) {
+      const long long i = m * w + c;
+      float v = 0.f;
+      for (int z = 0; z < splits; ++z) v += __ldcs(y32 + z * mw + i);
+      if (bias != nullptr) v += Pair<T>::load(bias, col0 + c);
+      reinterpret_cast<uint16_t*>(y)[m * n + col0 + c] = Pair<T>::bits(v);
+    }
   }
 }
 
@@ -811,12 +815,15 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
   cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
   if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
   // split-K: the partial slices are complete when the next kernel on the stream starts
-  const long long mw = p->M * w;
-  const int blocks = (int)(mw / 256 + 1 < 132 * 8 ? mw / 256 + 1 : 132 * 8);
+  // ~8 blocks per SM of 256 threads: up to 1056 blocks, columns first
+  const long long bx = (w + 255) / 256 < 1056 ? (w + 255) / 256 : 1056;
+  const long long by = 1056 / bx < p->M ? 1056 / bx : p->M;
+  const dim3 sum_grid((unsigned)bx, (unsigned)(by < 65535 ? by : 65535));
   if (dtype == 0) {
-    fastnf4_wg::splitk_sum<__nv_bfloat16><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, mw, w, col0, p->N);
+    fastnf4_wg::splitk_sum<__nv_bfloat16><<<sum_grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0,
+                                                                        p->N);
   } else {
-    fastnf4_wg::splitk_sum<__half><<<blocks, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, mw, w, col0, p->N);
+    fastnf4_wg::splitk_sum<__half><<<sum_grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0, p->N);
   }
   return (int)cudaGetLastError();
 }
