@@ -707,21 +707,53 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 // Columns col0 .. N - 1 of y (the split tail, W = N - col0 wide) = the sum of the S float32 partial slices
 // [S, M, W] in split order (+ bias), rounded once to the output dtype. One launch over the whole GPU (an in-kernel
 // settle by the block completing each tile was 1.5-2x slower: NOTES.md session 11; torch's sum + copy took two
-// launches). Rows over blockIdx.y, columns over blockIdx.x and the threads: no division per element (a 64-bit one
-// cost the split rows 2-3 us at M = 128-256).
-template <typename T>
+// launches). Each thread takes 4 adjacent columns of a row (16-byte loads) where W and N are multiples of 4 and y
+// is 8-byte aligned, else one; rows over blockIdx.y, column groups over blockIdx.x and the threads.
+template <typename T, int kVec>
 __global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32, const void* bias, void* y, int splits,
                                                   long long rows, long long w, long long col0, long long n) {
-  const long long mw = rows * w;
+  const long long mw = rows * w, groups = w / kVec;
   for (long long m = blockIdx.y; m < rows; m += gridDim.y) {
-    for (long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; c < w;
-         c += static_cast<long long>(gridDim.x) * blockDim.x) {
-      const long long i = m * w + c;
-      float v = 0.f;
-      for (int z = 0; z < splits; ++z) v += __ldcs(y32 + z * mw + i);
-      if (bias != nullptr) v += Pair<T>::load(bias, col0 + c);
-      reinterpret_cast<uint16_t*>(y)[m * n + col0 + c] = Pair<T>::bits(v);
+    for (long long g = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+         g += static_cast<long long>(gridDim.x) * blockDim.x) {
+      const long long i = m * w + kVec * g, c = col0 + kVec * g;
+      float v[kVec];
+      if constexpr (kVec == 4) {
+        float4 a = __ldcs(reinterpret_cast<const float4*>(y32 + i));
+        for (int z = 1; z < splits; ++z) {
+          const float4 b = __ldcs(reinterpret_cast<const float4*>(y32 + z * mw + i));
+          a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+        }
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+      } else {
+        v[0] = 0.f;
+        for (int z = 0; z < splits; ++z) v[0] += __ldcs(y32 + z * mw + i);
+      }
+      uint16_t out[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out[e] = Pair<T>::bits(bias != nullptr ? v[e] + Pair<T>::load(bias, c + e) : v[e]);
+      uint16_t* dst = reinterpret_cast<uint16_t*>(y) + m * n + c;
+      if constexpr (kVec == 4) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(out[0] | (uint32_t(out[1]) << 16), out[2] | (uint32_t(out[3]) << 16));
+      } else {
+        dst[0] = out[0];
+      }
     }
+  }
+}
+
+template <typename T>
+void launch_sum(const Params* p, int splits, long long w, long long col0, cudaStream_t stream) {
+  const bool vec = w % 4 == 0 && p->N % 4 == 0 && reinterpret_cast<uintptr_t>(p->y) % 8 == 0;
+  const long long groups = vec ? w / 4 : w;
+  // ~8 blocks of 256 threads per SM over the whole GPU (up to 1056), column groups first
+  const long long bx = (groups + 255) / 256 < 1056 ? (groups + 255) / 256 : 1056;
+  const long long by = 1056 / bx < p->M ? 1056 / bx : p->M;
+  const dim3 grid((unsigned)bx, (unsigned)(by < 65535 ? by : 65535));
+  if (vec) {
+    splitk_sum<T, 4><<<grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0, p->N);
+  } else {
+    splitk_sum<T, 1><<<grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0, p->N);
   }
 }
 
@@ -815,15 +847,10 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
   cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
   if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
   // split-K: the partial slices are complete when the next kernel on the stream starts
-  // ~8 blocks per SM of 256 threads: up to 1056 blocks, columns first
-  const long long bx = (w + 255) / 256 < 1056 ? (w + 255) / 256 : 1056;
-  const long long by = 1056 / bx < p->M ? 1056 / bx : p->M;
-  const dim3 sum_grid((unsigned)bx, (unsigned)(by < 65535 ? by : 65535));
   if (dtype == 0) {
-    fastnf4_wg::splitk_sum<__nv_bfloat16><<<sum_grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0,
-                                                                        p->N);
+    fastnf4_wg::launch_sum<__nv_bfloat16>(p, splits, w, col0, stream);
   } else {
-    fastnf4_wg::splitk_sum<__half><<<sum_grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0, p->N);
+    fastnf4_wg::launch_sum<__half>(p, splits, w, col0, stream);
   }
   return (int)cudaGetLastError();
 }
