@@ -50,9 +50,13 @@ def time_cuda(calls: Sequence[Callable[[], object]], iters: int = 60, warmup: in
         calls[i % len(calls)]()
         ends[i].record()
     torch.cuda.synchronize()
-    us = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-    q = statistics.quantiles(us, n=10)
-    return {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7], "host_us": host_s * 1e6}
+    return {**_summary([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]), "host_us": host_s * 1e6}
+
+
+def _summary(us: Sequence[float]) -> dict:
+    """Median / p20 / p80 of event times in microseconds."""
+    q = statistics.quantiles(sorted(us), n=10)
+    return {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7]}
 
 
 def _capture(calls: Sequence[Callable[[], object]], per_graph: int) -> "torch.cuda.CUDAGraph":
@@ -98,11 +102,7 @@ def time_graphs(providers: dict[str, Sequence[Callable[[], object]]], per_graph:
             graphs[name].replay()
             end.record()
     torch.cuda.synchronize()
-    out = {}
-    for name in names:
-        us = sorted(s.elapsed_time(e) * 1e3 / per_graph for s, e in events[name])
-        q = statistics.quantiles(us, n=10)
-        out[name] = {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7]}
+    out = {name: _summary([s.elapsed_time(e) * 1e3 / per_graph for s, e in events[name]]) for name in names}
     del graphs
     return out
 

@@ -57,7 +57,7 @@ struct Params {
   const void* x;               // [M, K] bf16 / fp16
   const void* bias;            // [N] or null
   void* y;                     // [M, N]
-  float* y32;                  // [splits, M, N] float32 partial sums when split-K, else null
+  float* y32;                  // [splits, M, W] float32 partial sums of the split tail (W = N - 128 full_tiles), else null
   long long M, N, K;
   long long log2_blocksize;
   long long steps_per_split;   // K steps (of 64) per split part of a tail tile

@@ -160,7 +160,7 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
     best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m)
     limit = best_cost * TAIL_GAIN
     fulls = {0} | {min(n_tiles - 1, (w * slots) // m_tiles) for w in range(1, n_tiles * m_tiles // slots + 1)}
-    for full in sorted(f for f in fulls if f >= 0):
+    for full in sorted(fulls):
         for want in range(2, min(16, steps // 8) + 1):
             s2, per2 = _split_steps(steps, want)
             if s2 < 2:
@@ -207,8 +207,6 @@ class Prepared:
         else:
             s, per = _split_steps(steps, splits)
             full = n_tiles if s == 1 else min(n_tiles - 1, full_tiles or 0)
-        if s == 1:
-            full = n_tiles
         tail = n_tiles - full
         if y is None:
             y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
