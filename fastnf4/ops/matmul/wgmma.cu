@@ -876,6 +876,11 @@ __global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_con
     }
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#if defined(FASTNF4_WS_NO_DECODE)  // diagnostic (wrong results): fragments straight from the weight words
+#pragma unroll
+    for (int s = 0; s < 16; ++s) f[s] = wa[s & 7] ^ wb[(s + 3) & 7] ^ __float_as_uint(sa + sb);
+    return;
+#endif
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       f[4 * s + 0] = decode_pair<T>(table_s, lane_off, sel, wa[2 * s], sa);
@@ -896,10 +901,15 @@ __global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_con
     mbar_wait(xfull(xs), (i / kXStages) & 1);
     fence_acc(acc);
     wgmma_fence();
+#if !defined(FASTNF4_WS_NO_MMA)  // diagnostic (wrong results): no tensor-core work
 #pragma unroll
     for (int s = 0; s < 4; ++s)
       Wgmma<T, BM>::run(acc, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3],
                         desc_sw128(x_s + xs * ws::kXBytes + 32 * s));
+#else
+#pragma unroll
+    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(fa[r]);
+#endif
     wgmma_commit();
     fence_acc(acc);
     if (i + 1 < nsteps) decode(i + 1, fb, sa0, sb0);  // overlaps step i's wgmma
