@@ -717,7 +717,12 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 // The two consumer warpgroups are never synchronised with each other inside the loop.
 namespace ws {
 constexpr int kThreads = 384;
-constexpr int kXStages = 4, kWStages = 4, kSStages = 4;
+#if defined(FASTNF4_WS_XSTAGES)  // experiments
+constexpr int kXStages = FASTNF4_WS_XSTAGES, kWStages = FASTNF4_WS_WSTAGES;
+#else
+constexpr int kXStages = 4, kWStages = 4;
+#endif
+constexpr int kSStages = 4;
 constexpr int kXBytes = 128 * kStep * 2;       // BM = 128 rows x 128 bytes
 constexpr int kWBytes = kBN * 128;             // 128 rows x 4 steps x 32 bytes
 constexpr int kSBytes = 4 * kBN * 4;           // [4 steps][128 rows] float32
@@ -828,6 +833,10 @@ __global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_con
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const long long blk = (rowk[q] + k0) >> p.log2_blocksize;
+#if defined(FASTNF4_WS_NO_STATS)  // diagnostic (wrong results): no statistics loads
+            v[j][q] = static_cast<float>(blk & 7);
+            continue;
+#endif
             if constexpr (kNested) {
               const uint32_t code = static_cast<const uint8_t*>(p.absmax)[blk];
               v[j][q] = __fadd_rn(__fmul_rn(ncode[code], p.nested_absmax[blk >> 8]), offset);
