@@ -39,22 +39,24 @@ for n, k in ((200, 64), (1000, 576), (4096, 2048), (333, 5376)):
                     steps = k // 64
                     for force in ({}, {"splits": min(3, steps)}, {"splits": min(2, steps), "full_tiles": 1}):
                         ys = []
-                        for ws in (False, True):
+                        for ws, cl in ((False, None), (True, 1), (True, None)):
                             y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-                            wgmma.launch(x, *linear_args(q, bias), y=y, bm=128, ws=ws, **force)
+                            wgmma.launch(x, *linear_args(q, bias), y=y, bm=128, ws=ws, cl=cl, **force)
                             ys.append(y)
                         torch.cuda.synchronize()
                         cub = torch.nn.functional.linear(x, wd, bias)
                         rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
-                        ratio = rel(ys[1]) / rel(cub)
-                        equal = torch.equal(ys[0], ys[1])
-                        ok = equal and bool(torch.isfinite(ys[1]).all()) and ratio <= 1.1
-                        bad += not ok
-                        out["checks"].append(dict(N=n, K=k, blocksize=blocksize, nested=nested, dtype=str(dtype),
-                                                  M=m, force=force, equal=equal, err_ratio=ratio))
-                        if not ok:
-                            print(f"FAIL {n}x{k} bs {blocksize} nested {nested} {dtype} M {m} {force}: equal {equal} "
-                                  f"ratio {ratio:.3f} finite {bool(torch.isfinite(ys[1]).all())}", flush=True)
+                        for name, yv in (("cl1", ys[1]), ("cl2", ys[2])):
+                            ratio = rel(yv) / rel(cub)
+                            equal = torch.equal(ys[0], yv)
+                            ok = equal and bool(torch.isfinite(yv).all()) and ratio <= 1.1
+                            bad += not ok
+                            out["checks"].append(dict(N=n, K=k, blocksize=blocksize, nested=nested, dtype=str(dtype),
+                                                      M=m, force=force, kernel=name, equal=equal, err_ratio=ratio))
+                            if not ok:
+                                print(f"FAIL {name} {n}x{k} bs {blocksize} nested {nested} {dtype} M {m} {force}: "
+                                      f"equal {equal} ratio {ratio:.3f} finite {bool(torch.isfinite(yv).all())}",
+                                      flush=True)
 print(f"checks: {len(out['checks'])} cases, {bad} failed", flush=True)
 if bad or "--checks-only" in sys.argv:
     sys.exit(1 if bad else 0)
@@ -74,18 +76,20 @@ for model, layer, n, k in model_shapes():
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         y0 = wgmma.launch(x, *linear_args(q), bm=128, ws=False)
-        y1 = wgmma.launch(x, *linear_args(q), bm=128, ws=True)
-        assert torch.equal(y0, y1), (model, layer, m)
+        y1 = wgmma.launch(x, *linear_args(q), bm=128, ws=True, cl=1)
+        y2 = wgmma.launch(x, *linear_args(q), bm=128, ws=True)
+        assert torch.equal(y0, y1) and torch.equal(y0, y2), (model, layer, m)
         t = time_graphs({
             "cublas": [lambda i=i: x @ wts[i].T for i in range(reps_w)],
             "sync": [lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=128, ws=False) for i in range(reps_q)],
+            "ws1": [lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=128, ws=True, cl=1) for i in range(reps_q)],
             "ws": [lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=128, ws=True) for i in range(reps_q)],
         }, per_graph=20, replays=10)
         row = dict(model=model, layer=layer, N=n, K=k, M=m, plan=list(wgmma.plan(m, n, k, 132, 128, 1)),
                    **{f"{kk}_us": v["median_us"] for kk, v in t.items()})
         out["rows"].append(row)
         print(f"{model[:6]:6} {layer[:8]:8} {n:6d}x{k:<6d} M{m:4d} plan {tuple(row['plan'])} cuBLAS "
-              f"{row['cublas_us']:7.1f} sync {row['sync_us']:7.1f} ws {row['ws_us']:7.1f}  ws/sync "
+              f"{row['cublas_us']:7.1f} sync {row['sync_us']:7.1f} ws1 {row['ws1_us']:7.1f} ws {row['ws_us']:7.1f}  ws/sync "
               f"{row['ws_us'] / row['sync_us']:.3f}  cuBLAS/ws {row['cublas_us'] / row['ws_us']:.2f}", flush=True)
     del qs, wts
     torch.cuda.empty_cache()

@@ -744,8 +744,32 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 __device__ __forceinline__ void named_sync_consumers() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-template <typename T, bool kNested>
-__global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_constant__ KParamsWS kp) {
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// arrive on the mbarrier at the same shared offset in cluster CTA ``cta``
+__device__ __forceinline__ void mbar_arrive_cta(uint32_t bar, uint32_t cta) {
+  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+               "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(cta) : "memory");
+}
+// half an x tile (box of 64 rows) into the same stage of both CTAs of the cluster, each CTA's barrier counting it
+__device__ __forceinline__ void tma_x_multicast(uint32_t dst, const CUtensorMap* map, int k, int m, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(m), "r"(bar), "h"((uint16_t)3) : "memory");
+}
+
+// kCL = 2: blocks y = 2 c and 2 c + 1 form a cluster (two weight row tiles, the same x rows and K range); each loads
+// half of every x tile and multicasts it to both, so x leaves the L2 once per two tiles. A stage is refilled only
+// when the consumers of both blocks have released it (remote arrives), and neither block exits before the other.
+template <typename T, bool kNested, int kCL>
+__device__ __forceinline__ void ws_body(const KParamsWS& kp) {
   constexpr int BM = 128, kAcc = BM / 2;
   using ws::kXStages; using ws::kWStages; using ws::kSStages;
   const Params& p = kp.p;
@@ -786,12 +810,17 @@ __global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_con
     if constexpr (kNested) ncode[tid] = p.nested_code[tid];
   }
   if (tid == 0) {
-    for (int i = 0; i < kXStages; ++i) mbar_init(xfull(i), 1), mbar_init(xempty(i), 8);
+    for (int i = 0; i < kXStages; ++i) mbar_init(xfull(i), 1), mbar_init(xempty(i), 8 * kCL);
     for (int i = 0; i < kWStages; ++i) mbar_init(wfull(i), 1), mbar_init(wempty(i), 8);
     for (int i = 0; i < kSStages; ++i) mbar_init(sfull(i), 32), mbar_init(sempty(i), 8);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kCL > 1) {
+    cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
+  } else {
+    __syncthreads();
+  }
+  const uint32_t rank = kCL > 1 ? cluster_rank() : 0;
 
   if (warp >= 8) {  // ------------------------------------------------------------------ producers
     if (warp == 8) {
@@ -801,8 +830,13 @@ __global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_con
           const int s = i % kXStages;
           if (i >= kXStages) mbar_wait(xempty(s), ((i / kXStages) - 1) & 1);
           mbar_expect(xfull(s), ws::kXBytes);
-          tma_x(x_s + s * ws::kXBytes, &kp.xmap, static_cast<int>((s_begin + i) * kStep), static_cast<int>(m0),
-                xfull(s));
+          if constexpr (kCL > 1) {
+            tma_x_multicast(x_s + s * ws::kXBytes + rank * (ws::kXBytes / 2), &kp.xmap,
+                            static_cast<int>((s_begin + i) * kStep), static_cast<int>(m0 + 64 * rank), xfull(s));
+          } else {
+            tma_x(x_s + s * ws::kXBytes, &kp.xmap, static_cast<int>((s_begin + i) * kStep), static_cast<int>(m0),
+                  xfull(s));
+          }
         }
       }
     } else if (warp == 9) {
@@ -925,7 +959,10 @@ __global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_con
     wgmma_wait<0>();
     fence_acc(acc);
     __syncwarp();
-    if (lane == 0) mbar_arrive(xempty(xs));  // this warp's wgmma has read the x stage
+    if (lane == 0) {  // this warp's wgmma has read the x stage
+      mbar_arrive(xempty(xs));
+      if constexpr (kCL > 1) mbar_arrive_cta(xempty(xs), rank ^ 1);
+    }
     // keep this step's fragments alive (unchanged) until the wait, as nf4_wgmma
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
@@ -975,6 +1012,12 @@ __global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_con
       for (int e = 0; e < 8 && n + e < p.N; ++e) dst[e] = src[e];
     }
   }
+}
+
+template <typename T, bool kNested, int kCL>
+__global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_constant__ KParamsWS kp) {
+  ws_body<T, kNested, kCL>(kp);
+  if constexpr (kCL > 1) cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
 }
 
 // Columns col0 .. N - 1 of y (the split tail, W = N - col0 wide) = the sum of the S float32 partial slices
@@ -1150,35 +1193,41 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
   return launch_tail_sum(p, dtype, splits, stream);
 }
 
-static void* ws_kernel(int dtype, int nested) {
+static void* ws_kernel(int dtype, int nested, int cl) {
   using namespace fastnf4_wg;
-  if (dtype == 0) return nested ? (void*)nf4_wgmma_ws<__nv_bfloat16, true> : (void*)nf4_wgmma_ws<__nv_bfloat16, false>;
-  return nested ? (void*)nf4_wgmma_ws<__half, true> : (void*)nf4_wgmma_ws<__half, false>;
+  if (cl == 2) {
+    if (dtype == 0) return nested ? (void*)nf4_wgmma_ws<__nv_bfloat16, true, 2> : (void*)nf4_wgmma_ws<__nv_bfloat16, false, 2>;
+    return nested ? (void*)nf4_wgmma_ws<__half, true, 2> : (void*)nf4_wgmma_ws<__half, false, 2>;
+  }
+  if (dtype == 0) return nested ? (void*)nf4_wgmma_ws<__nv_bfloat16, true, 1> : (void*)nf4_wgmma_ws<__nv_bfloat16, false, 1>;
+  return nested ? (void*)nf4_wgmma_ws<__half, true, 1> : (void*)nf4_wgmma_ws<__half, false, 1>;
 }
 
 // The warp-specialized kernel (x rows per block 128): resident blocks per SM (0: cannot run here).
 int fastnf4_wgmma_ws_ready(int dtype, int nested) {
-  void* f = ws_kernel(dtype, nested);
-  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, fastnf4_wg::ws::kSmem) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, fastnf4_wg::ws::kThreads, fastnf4_wg::ws::kSmem) !=
-      cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+  for (int cl = 1; cl <= 2; ++cl) {
+    void* f = ws_kernel(dtype, nested, cl);
+    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, fastnf4_wg::ws::kSmem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, fastnf4_wg::ws::kThreads, fastnf4_wg::ws::kSmem) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
   }
   return blocks;
 }
 
-// As fastnf4_wgmma with bm = 128, on the warp-specialized kernel; also needs K % 32 == 0 (TMA row pitch).
-int fastnf4_wgmma_ws(const Params* p, int dtype, int nested, int gx, int splits, cudaStream_t stream) {
+// As fastnf4_wgmma with bm = 128, on the warp-specialized kernel; also needs K % 32 == 0 (TMA row pitch). cl = 2:
+// clusters of two weight row tiles sharing x (needs an even grid y whose pairs never mix a whole tile and a split
+// part or two splits: even full_tiles and tail_tiles).
+int fastnf4_wgmma_ws(const Params* p, int dtype, int nested, int gx, int splits, int cl, cudaStream_t stream) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return (int)cudaErrorNotSupported;
+  if (cl != 1 && (cl != 2 || p->full_tiles % 2 || p->tail_tiles % 2)) return (int)cudaErrorInvalidValue;
   fastnf4_wg::KParamsWS kp;
   kp.p = *p;
-  if (!encode_x(encode, &kp.xmap, p, dtype, 128)) return (int)cudaErrorInvalidValue;
+  if (!encode_x(encode, &kp.xmap, p, dtype, 128 / cl)) return (int)cudaErrorInvalidValue;
   const cuuint64_t dims[2] = {(cuuint64_t)p->K / 2, (cuuint64_t)p->N};
   const cuuint64_t strides[1] = {(cuuint64_t)p->K / 2};
   const cuuint32_t box[2] = {128, (cuuint32_t)fastnf4_wg::kBN};
@@ -1188,10 +1237,21 @@ int fastnf4_wgmma_ws(const Params* p, int dtype, int nested, int gx, int splits,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return (int)cudaErrorInvalidValue;
   const long long gy = grid_y(p, gx, splits);
-  if (gy < 0) return (int)cudaErrorInvalidValue;
+  if (gy < 0 || gy % cl) return (int)cudaErrorInvalidValue;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(gx, (unsigned)gy, 1);
+  cfg.blockDim = dim3(fastnf4_wg::ws::kThreads);
+  cfg.dynamicSmemBytes = fastnf4_wg::ws::kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = cl;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
   void* args[] = {(void*)&kp};
-  cudaError_t rc = cudaLaunchKernel(ws_kernel(dtype, nested), dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::ws::kThreads),
-                                    args, fastnf4_wg::ws::kSmem, stream);
+  cudaError_t rc = cudaLaunchKernelExC(&cfg, ws_kernel(dtype, nested, cl), args);
   if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
   return launch_tail_sum(p, dtype, splits, stream);
 }

@@ -45,7 +45,7 @@ class _Lib:
         lib.fastnf4_wgmma_ready.restype = ctypes.c_int
         lib.fastnf4_wgmma_params_size.restype = ctypes.c_int
         lib.fastnf4_wgmma_ws.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                         ctypes.c_int, ctypes.c_void_p]
+                                         ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.fastnf4_wgmma_ws.restype = ctypes.c_int
         lib.fastnf4_wgmma_ws_ready.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.fastnf4_wgmma_ws_ready.restype = ctypes.c_int
@@ -208,11 +208,12 @@ class Prepared:
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  bm: int | None = None, splits: int | None = None, full_tiles: int | None = None,
-                 ws: bool | None = None) -> torch.Tensor:
+                 ws: bool | None = None, cl: int | None = None) -> torch.Tensor:
         """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias).
         ``bm`` / ``splits`` / ``full_tiles`` force a variant (tests, probes): ``splits`` parts of K for every weight
         row tile after the first ``full_tiles`` (default 0). ``ws`` forces the warp-specialized kernel (BM 128) on
-        or off (default: ``use_ws``)."""
+        or off (default: ``use_ws``); ``cl`` its cluster size (1, or 2: two weight row tiles share each x tile; default
+        2 where the plan pairs up, see ``fastnf4_wgmma_ws``)."""
         m, n, k = x2d.shape[0], self.n, self.k
         bm = bm or block_m(m)
         dt = _DTYPES[x2d.dtype]
@@ -239,7 +240,12 @@ class Prepared:
         p.y32 = y32.data_ptr() if y32 is not None else None
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         if ws:
-            rc = self.lib.lib.fastnf4_wgmma_ws(ctypes.byref(p), dt, int(self.nested), -(-m // bm), s, stream)
+            pairs = full % 2 == 0 and tail % 2 == 0
+            if cl is None:
+                cl = 2 if pairs and os.environ.get("FASTNF4_WGMMA_CL", "2") == "2" else 1
+            if cl not in (1, 2) or (cl == 2 and not pairs):
+                raise ValueError(f"wgmma: cluster size {cl} does not fit this plan")
+            rc = self.lib.lib.fastnf4_wgmma_ws(ctypes.byref(p), dt, int(self.nested), -(-m // bm), s, cl, stream)
         else:
             rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), dt, bm, int(self.nested), -(-m // bm), s, stream)
         if rc != 0:
@@ -249,8 +255,8 @@ class Prepared:
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, bm: int | None = None, splits: int | None = None,
-           full_tiles: int | None = None, ws: bool | None = None) -> torch.Tensor:
+           full_tiles: int | None = None, ws: bool | None = None, cl: int | None = None) -> torch.Tensor:
     """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` / ``full_tiles`` / ``ws``
     force a variant (tests, probes; see ``Prepared.__call__``)."""
     return Prepared(packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles, ws)
+                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles, ws, cl)
