@@ -938,8 +938,8 @@ __device__ __forceinline__ void ws_body(const KParamsWS& kp) {
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
   uint32_t fa[16], fb[16];
   float sa0, sb0;
-  decode(0, fa, sa0, sb0);
-  for (int i = 0; i < nsteps; ++i) {
+  // step i's wgmma on fragments f: issued once x stage i has landed
+  auto issue = [&](int i, const uint32_t (&f)[16]) {
     const int xs = i % kXStages;
     mbar_wait(xfull(xs), (i / kXStages) & 1);
     fence_acc(acc);
@@ -947,29 +947,73 @@ __device__ __forceinline__ void ws_body(const KParamsWS& kp) {
 #if !defined(FASTNF4_WS_NO_MMA)  // diagnostic (wrong results): no tensor-core work
 #pragma unroll
     for (int s = 0; s < 4; ++s)
-      Wgmma<T, BM>::run(acc, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3],
+      Wgmma<T, BM>::run(acc, f[4 * s], f[4 * s + 1], f[4 * s + 2], f[4 * s + 3],
                         desc_sw128(x_s + xs * ws::kXBytes + 32 * s));
 #else
 #pragma unroll
-    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(fa[r]);
+    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(f[r]);
 #endif
     wgmma_commit();
     fence_acc(acc);
+  };
+  // step i's wgmma is complete: release its x stage (one arrive per warp, and one on the peer's barrier)
+  auto release = [&](int i) {
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(xempty(i % kXStages));
+      if constexpr (kCL > 1) mbar_arrive_cta(xempty(i % kXStages), rank ^ 1);
+    }
+  };
+  // keep fragments alive (unchanged) up to here: they were the A operand of a wgmma that the last wait retired
+  auto retire = [&](uint32_t (&f)[16]) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) asm volatile("" : "+r"(f[r])::"memory");
+  };
+#if defined(FASTNF4_WS_DRAIN)  // experiment: every step's wgmma waited for before the next is issued
+  decode(0, fa, sa0, sb0);
+  for (int i = 0; i < nsteps; ++i) {
+    issue(i, fa);
     if (i + 1 < nsteps) decode(i + 1, fb, sa0, sb0);  // overlaps step i's wgmma
     wgmma_wait<0>();
     fence_acc(acc);
-    __syncwarp();
-    if (lane == 0) {  // this warp's wgmma has read the x stage
-      mbar_arrive(xempty(xs));
-      if constexpr (kCL > 1) mbar_arrive_cta(xempty(xs), rank ^ 1);
-    }
-    // keep this step's fragments alive (unchanged) until the wait, as nf4_wgmma
+    release(i);
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
       asm volatile("" ::"r"(fa[r]) : "memory");
       fa[r] = fb[r];
     }
   }
+#else
+  // Two steps in flight: step i + 1 is decoded while step i's wgmma runs and issued before that completes (the
+  // tensor pipe does not drain between steps); the wait for step i - 1 frees the fragments step i + 1 reuses.
+  decode(0, fa, sa0, sb0);
+  issue(0, fa);
+  int i = 0;
+  while (true) {
+    if (i + 1 >= nsteps) break;
+    wgmma_wait<1>();  // step i - 1 complete (fb free), step i may run on
+    fence_acc(acc);
+    if (i > 0) release(i - 1);
+    retire(fb);
+    decode(i + 1, fb, sa0, sb0);
+    issue(i + 1, fb);
+    ++i;
+    if (i + 1 >= nsteps) break;
+    wgmma_wait<1>();
+    fence_acc(acc);
+    release(i - 1);
+    retire(fa);
+    decode(i + 1, fa, sa0, sb0);
+    issue(i + 1, fa);
+    ++i;
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  if (i > 0) release(i - 1);
+  release(i);
+  retire(fa);
+  retire(fb);
+#endif
   fence_acc(acc);
   named_sync_consumers();  // both warpgroups done with every x stage: the ring becomes the output staging
   const long long na = n0 + ra, nb = n0 + rb;
