@@ -704,366 +704,6 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   }
 }
 
-// Warp-specialized form for BM = 128 ("ws"): the same tile, decode and arithmetic as nf4_wgmma, but the copies
-// and the statistics move to a third warpgroup, and the block barrier per step becomes mbarrier pairs per stage:
-// - warp 8 (one lane) loads x by TMA, one box per step, into kXStages stages (full: TMA bytes; empty: 8 consumer
-//   warps);
-// - warp 9 (one lane) loads the packed weights by TMA, one 128-row x 128-byte box (4 steps) per stage, 128-byte
-//   swizzle (row r's 16-byte chunk c at 128 r + 16 (c ^ (r & 7)): a warp's 8 rows hit 8 different chunks);
-// - warps 10 and 11 work out the float32 absmax of every row and step (bitsandbytes' two roundings with double
-//   quantization) for alternate 4-step chunks into a ring of [4 steps][128 rows] floats;
-// - warps 0-7 (two warpgroups of 64 weight rows) decode and issue wgmma as nf4_wgmma does (the decode of step
-//   i + 1 overlaps step i's wgmma), and release each stage with one arrive per warp once it is read.
-// The two consumer warpgroups are never synchronised with each other inside the loop.
-namespace ws {
-constexpr int kThreads = 384;
-#if defined(FASTNF4_WS_XSTAGES)  // experiments
-constexpr int kXStages = FASTNF4_WS_XSTAGES, kWStages = FASTNF4_WS_WSTAGES;
-#else
-constexpr int kXStages = 4, kWStages = 4;
-#endif
-constexpr int kSStages = 4;
-constexpr int kXBytes = 128 * kStep * 2;       // BM = 128 rows x 128 bytes
-constexpr int kWBytes = kBN * 128;             // 128 rows x 4 steps x 32 bytes
-constexpr int kSBytes = 4 * kBN * 4;           // [4 steps][128 rows] float32
-constexpr int kBars = 2 * (kXStages + kWStages + kSStages);
-constexpr int kSmem = 1024 + kTableBytes + kXStages * kXBytes + kWStages * kWBytes + kSStages * kSBytes + 1024 +
-                      8 * kBars;
-constexpr int kOutRow = (kBN + 8) * 2;
-static_assert(128 * kOutRow <= kXStages * kXBytes, "the output staging reuses the x ring");
-}  // namespace ws
-
-struct KParamsWS {
-  CUtensorMap xmap;  // x [M, K]: boxes of 128 rows x 64 columns, 128-byte swizzle
-  CUtensorMap wmap;  // packed [N, K / 2] bytes: boxes of 128 rows x 128 bytes, 128-byte swizzle
-  Params p;
-};
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void named_sync_consumers() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// arrive on the mbarrier at the same shared offset in cluster CTA ``cta``
-__device__ __forceinline__ void mbar_arrive_cta(uint32_t bar, uint32_t cta) {
-  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-               "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(cta) : "memory");
-}
-// half an x tile (box of 64 rows) into the same stage of both CTAs of the cluster, each CTA's barrier counting it
-__device__ __forceinline__ void tma_x_multicast(uint32_t dst, const CUtensorMap* map, int k, int m, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(m), "r"(bar), "h"((uint16_t)3) : "memory");
-}
-
-// kCL = 2: blocks y = 2 c and 2 c + 1 form a cluster (two weight row tiles, the same x rows and K range); each loads
-// half of every x tile and multicasts it to both, so x leaves the L2 once per two tiles. A stage is refilled only
-// when the consumers of both blocks have released it (remote arrives), and neither block exits before the other.
-template <typename T, bool kNested, int kCL>
-__device__ __forceinline__ void ws_body(const KParamsWS& kp) {
-  constexpr int BM = 128, kAcc = BM / 2;
-  using ws::kXStages; using ws::kWStages; using ws::kSStages;
-  const Params& p = kp.p;
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t x_s = table_s + kTableBytes;
-  const uint32_t w_s = x_s + kXStages * ws::kXBytes;
-  const uint32_t st_s = w_s + kWStages * ws::kWBytes;
-  const uint32_t nc_s = st_s + kSStages * ws::kSBytes;  // nested code values [256] float
-  const uint32_t bar_s = nc_s + 1024;
-  uint8_t* base = smem_raw + (table_s - smem_addr(smem_raw));
-  float* ncode = reinterpret_cast<float*>(base + (nc_s - table_s));
-  float* stat = reinterpret_cast<float*>(base + (st_s - table_s));
-  auto xfull = [&](int s) { return bar_s + 8 * s; };
-  auto xempty = [&](int s) { return bar_s + 8 * (kXStages + s); };
-  auto wfull = [&](int s) { return bar_s + 8 * (2 * kXStages + s); };
-  auto wempty = [&](int s) { return bar_s + 8 * (2 * kXStages + kWStages + s); };
-  auto sfull = [&](int s) { return bar_s + 8 * (2 * kXStages + 2 * kWStages + s); };
-  auto sempty = [&](int s) { return bar_s + 8 * (2 * kXStages + 2 * kWStages + kSStages + s); };
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
-  const long long m0 = static_cast<long long>(blockIdx.x) * BM;
-  const long long tail_j = static_cast<long long>(blockIdx.y) - p.full_tiles;
-  const bool is_part = tail_j >= 0;
-  const long long n_tile = is_part ? p.full_tiles + tail_j % p.tail_tiles : blockIdx.y;
-  const long long split = is_part ? tail_j / p.tail_tiles : 0;
-  const long long n0 = n_tile * kBN;
-  const long long steps = p.K / kStep;
-  const long long s_begin = split * p.steps_per_split;
-  const int nsteps = static_cast<int>(is_part ? min(steps, s_begin + p.steps_per_split) - s_begin : steps);
-  const int nchunks = (nsteps + 3) >> 2;
-
-  if (tid < 256) {  // code-pair table (float32, 16 copies per entry), as nf4_wgmma's exact decode
-    const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi), "f"(lo));
-    if constexpr (kNested) ncode[tid] = p.nested_code[tid];
-  }
-  if (tid == 0) {
-    for (int i = 0; i < kXStages; ++i) mbar_init(xfull(i), 1), mbar_init(xempty(i), 8 * kCL);
-    for (int i = 0; i < kWStages; ++i) mbar_init(wfull(i), 1), mbar_init(wempty(i), 8);
-    for (int i = 0; i < kSStages; ++i) mbar_init(sfull(i), 32), mbar_init(sempty(i), 8);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  if constexpr (kCL > 1) {
-    cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
-  } else {
-    __syncthreads();
-  }
-  const uint32_t rank = kCL > 1 ? cluster_rank() : 0;
-
-  if (warp >= 8) {  // ------------------------------------------------------------------ producers
-    if (warp == 8) {
-      if (lane == 0) {
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kp.xmap)) : "memory");
-        for (int i = 0; i < nsteps; ++i) {
-          const int s = i % kXStages;
-          if (i >= kXStages) mbar_wait(xempty(s), ((i / kXStages) - 1) & 1);
-          mbar_expect(xfull(s), ws::kXBytes);
-          if constexpr (kCL > 1) {
-            tma_x_multicast(x_s + s * ws::kXBytes + rank * (ws::kXBytes / 2), &kp.xmap,
-                            static_cast<int>((s_begin + i) * kStep), static_cast<int>(m0 + 64 * rank), xfull(s));
-          } else {
-            tma_x(x_s + s * ws::kXBytes, &kp.xmap, static_cast<int>((s_begin + i) * kStep), static_cast<int>(m0),
-                  xfull(s));
-          }
-        }
-      }
-    } else if (warp == 9) {
-      if (lane == 0) {
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kp.wmap)) : "memory");
-        for (int c = 0; c < nchunks; ++c) {
-          const int s = c % kWStages;
-          if (c >= kWStages) mbar_wait(wempty(s), ((c / kWStages) - 1) & 1);
-          mbar_expect(wfull(s), ws::kWBytes);
-          tma_x(w_s + s * ws::kWBytes, &kp.wmap, static_cast<int>((s_begin + 4 * c) * (kStep / 2)),
-                static_cast<int>(n0), wfull(s));
-        }
-      }
-    } else {
-      // statistics: chunk c by warp 10 + c % 2; lane l takes rows l, l + 32, l + 64, l + 96 (clamped to N - 1:
-      // rows past N are never stored)
-      const float offset = kNested ? *p.offset : 0.f;
-      long long rowk[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) rowk[q] = min(n0 + lane + 32 * q, p.N - 1) * p.K;
-      for (int c = warp - 10; c < nchunks; c += 2) {
-        const int s = c % kSStages;
-        float v[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = min(4 * c + j, nsteps - 1);  // past the split's last step: a copy of it (never used)
-          const long long k0 = (s_begin + i) * kStep;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const long long blk = (rowk[q] + k0) >> p.log2_blocksize;
-#if defined(FASTNF4_WS_NO_STATS)  // diagnostic (wrong results): no statistics loads
-            v[j][q] = static_cast<float>(blk & 7);
-            continue;
-#endif
-            if constexpr (kNested) {
-              const uint32_t code = static_cast<const uint8_t*>(p.absmax)[blk];
-              v[j][q] = __fadd_rn(__fmul_rn(ncode[code], p.nested_absmax[blk >> 8]), offset);
-            } else {
-              v[j][q] = static_cast<const float*>(p.absmax)[blk];
-            }
-          }
-        }
-        if (c >= kSStages) mbar_wait(sempty(s), ((c / kSStages) - 1) & 1);
-        float* dst = stat + s * (ws::kSBytes / 4);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) dst[j * kBN + lane + 32 * q] = v[j][q];
-        mbar_arrive(sfull(s));
-      }
-    }
-    return;
-  }
-
-  // ---------------------------------------------------------------------------------------- consumers
-  const int ra = 64 * (warp >> 2) + 16 * (warp & 3) + g, rb = ra + 8;
-  const uint32_t lane_off = 8u * (lane & 15);
-  const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
-  // row r's 32 bytes of step j of a weight stage: 16-byte chunks 2 j and 2 j + 1, swizzled by r & 7 (= g)
-  auto decode = [&](int i, uint32_t (&f)[16], float& sa, float& sb) {
-    const int c = i >> 2, j = i & 3;
-    const int wst = c % kWStages, sst = c % kSStages;
-    if (j == 0) {
-      mbar_wait(wfull(wst), (c / kWStages) & 1);
-      mbar_wait(sfull(sst), (c / kSStages) & 1);
-    }
-    const float* sp = stat + sst * (ws::kSBytes / 4) + j * kBN;
-    sa = sp[ra];
-    sb = sp[rb];
-    const uint32_t wsa = w_s + wst * ws::kWBytes + 128 * ra, wsb = wsa + 128 * 8;
-    const uint32_t c0 = static_cast<uint32_t>((2 * j) ^ g) * 16, c1 = static_cast<uint32_t>((2 * j + 1) ^ g) * 16;
-    const uint4 a0 = lds128(wsa + c0), a1 = lds128(wsa + c1);
-    const uint4 b0 = lds128(wsb + c0), b1 = lds128(wsb + c1);
-    if (j == 3 || i == nsteps - 1) {  // this warp has read the stage: release it
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(wempty(wst));
-        mbar_arrive(sempty(sst));
-      }
-    }
-    const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-    const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#if defined(FASTNF4_WS_NO_DECODE)  // diagnostic (wrong results): fragments straight from the weight words
-#pragma unroll
-    for (int s = 0; s < 16; ++s) f[s] = wa[s & 7] ^ wb[(s + 3) & 7] ^ __float_as_uint(sa + sb);
-    return;
-#endif
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      f[4 * s + 0] = decode_pair<T>(table_s, lane_off, sel, wa[2 * s], sa);
-      f[4 * s + 1] = decode_pair<T>(table_s, lane_off, sel, wb[2 * s], sb);
-      f[4 * s + 2] = decode_pair<T>(table_s, lane_off, sel, wa[2 * s + 1], sa);
-      f[4 * s + 3] = decode_pair<T>(table_s, lane_off, sel, wb[2 * s + 1], sb);
-    }
-  };
-
-  float acc[kAcc];
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-  uint32_t fa[16], fb[16];
-  float sa0, sb0;
-  // step i's wgmma on fragments f: issued once x stage i has landed
-  auto issue = [&](int i, const uint32_t (&f)[16]) {
-    const int xs = i % kXStages;
-    mbar_wait(xfull(xs), (i / kXStages) & 1);
-    fence_acc(acc);
-    wgmma_fence();
-#if !defined(FASTNF4_WS_NO_MMA)  // diagnostic (wrong results): no tensor-core work
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-      Wgmma<T, BM>::run(acc, f[4 * s], f[4 * s + 1], f[4 * s + 2], f[4 * s + 3],
-                        desc_sw128(x_s + xs * ws::kXBytes + 32 * s));
-#else
-#pragma unroll
-    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(f[r]);
-#endif
-    wgmma_commit();
-    fence_acc(acc);
-  };
-  // step i's wgmma is complete: release its x stage (one arrive per warp, and one on the peer's barrier)
-  auto release = [&](int i) {
-    __syncwarp();
-    if (lane == 0) {
-      mbar_arrive(xempty(i % kXStages));
-      if constexpr (kCL > 1) mbar_arrive_cta(xempty(i % kXStages), rank ^ 1);
-    }
-  };
-  // keep fragments alive (unchanged) up to here: they were the A operand of a wgmma that the last wait retired
-  auto retire = [&](uint32_t (&f)[16]) {
-#pragma unroll
-    for (int r = 0; r < 16; ++r) asm volatile("" : "+r"(f[r])::"memory");
-  };
-#if defined(FASTNF4_WS_DRAIN)  // experiment: every step's wgmma waited for before the next is issued
-  decode(0, fa, sa0, sb0);
-  for (int i = 0; i < nsteps; ++i) {
-    issue(i, fa);
-    if (i + 1 < nsteps) decode(i + 1, fb, sa0, sb0);  // overlaps step i's wgmma
-    wgmma_wait<0>();
-    fence_acc(acc);
-    release(i);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      asm volatile("" ::"r"(fa[r]) : "memory");
-      fa[r] = fb[r];
-    }
-  }
-#else
-  // Two steps in flight: step i + 1 is decoded while step i's wgmma runs and issued before that completes (the
-  // tensor pipe does not drain between steps); the wait for step i - 1 frees the fragments step i + 1 reuses.
-  decode(0, fa, sa0, sb0);
-  issue(0, fa);
-  int i = 0;
-  while (true) {
-    if (i + 1 >= nsteps) break;
-    wgmma_wait<1>();  // step i - 1 complete (fb free), step i may run on
-    fence_acc(acc);
-    if (i > 0) release(i - 1);
-    retire(fb);
-    decode(i + 1, fb, sa0, sb0);
-    issue(i + 1, fb);
-    ++i;
-    if (i + 1 >= nsteps) break;
-    wgmma_wait<1>();
-    fence_acc(acc);
-    release(i - 1);
-    retire(fa);
-    decode(i + 1, fa, sa0, sb0);
-    issue(i + 1, fa);
-    ++i;
-  }
-  wgmma_wait<0>();
-  fence_acc(acc);
-  if (i > 0) release(i - 1);
-  release(i);
-  retire(fa);
-  retire(fb);
-#endif
-  fence_acc(acc);
-  named_sync_consumers();  // both warpgroups done with every x stage: the ring becomes the output staging
-  const long long na = n0 + ra, nb = n0 + rb;
-  if (is_part) {
-    const long long col0 = p.full_tiles * kBN, w = p.N - col0;
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const long long m = m0 + 8 * j + 2 * t + (e & 1), n = e < 2 ? na : nb;
-        if (m < p.M && n < p.N) p.y32[(split * p.M + m) * w + n - col0] = acc[4 * j + e];
-      }
-    }
-    return;
-  }
-  const float bias_a = (p.bias != nullptr && na < p.N) ? Pair<T>::load(p.bias, na) : 0.f;
-  const float bias_b = (p.bias != nullptr && nb < p.N) ? Pair<T>::load(p.bias, nb) : 0.f;
-  uint16_t* stage = reinterpret_cast<uint16_t*>(base + (x_s - table_s));
-  constexpr int kRowH = ws::kOutRow / 2;
-#pragma unroll
-  for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = 8 * j + 2 * t + (e & 1);
-      stage[m * kRowH + (e < 2 ? ra : rb)] = Pair<T>::bits(acc[4 * j + e] + (e < 2 ? bias_a : bias_b));
-    }
-  }
-  named_sync_consumers();
-  const bool vec = (p.N % 8) == 0;
-#pragma unroll
-  for (int c0 = 0; c0 < BM * 16; c0 += 256) {
-    const int c = c0 + tid, r = c >> 4, q = c & 15;
-    const long long m = m0 + r, n = n0 + 8 * q;
-    if (m >= p.M || n >= p.N) continue;
-    const uint16_t* src = stage + r * kRowH + 8 * q;
-    uint16_t* dst = reinterpret_cast<uint16_t*>(p.y) + m * p.N + n;
-    if (vec) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int e = 0; e < 8 && n + e < p.N; ++e) dst[e] = src[e];
-    }
-  }
-}
-
-template <typename T, bool kNested, int kCL>
-__global__ void __launch_bounds__(ws::kThreads, 1) nf4_wgmma_ws(const __grid_constant__ KParamsWS kp) {
-  ws_body<T, kNested, kCL>(kp);
-  if constexpr (kCL > 1) cluster_sync();  // the peer may still multicast into this block or arrive on its barriers
-}
-
 // Columns col0 .. N - 1 of y (the split tail, W = N - col0 wide) = the sum of the S float32 partial slices
 // [S, M, W] in split order (+ bias), rounded once to the output dtype. One launch over the whole GPU (an in-kernel
 // settle by the block completing each tile was 1.5-2x slower: NOTES.md session 11; torch's sum + copy took two
@@ -1172,7 +812,9 @@ int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 
 // dtype 0 = bf16, 1 = fp16; gx x row tiles; p->full_tiles whole weight row tiles, then p->tail_tiles of them in
 // `splits` parts each (the grid's y: full_tiles + tail_tiles x splits); returns a cudaError_t.
-static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int splits, cudaStream_t stream) {
+  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
+  if (v.f == nullptr) return (int)cudaErrorInvalidValue;
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
@@ -1180,124 +822,37 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
             cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
       cudaGetLastError();
-      return nullptr;
+      return (int)cudaErrorNotSupported;
     }
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
-  return encode;
-}
-
-// x [M, K] as TMA boxes of bm rows x 64 columns (128-byte swizzle; rows past M read as zeros)
-static bool encode_x(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap* map, const Params* p, int dtype, int bm) {
+  fastnf4_wg::KParams kp;
+  kp.p = *p;
   const cuuint64_t dims[2] = {(cuuint64_t)p->K, (cuuint64_t)p->M};
   const cuuint64_t strides[1] = {(cuuint64_t)p->K * 2};
   const cuuint32_t box[2] = {(cuuint32_t)fastnf4_wg::kStep, (cuuint32_t)bm};
   const cuuint32_t unit[2] = {1, 1};
-  return encode(map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                const_cast<void*>(p->x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// the grid's y and the arguments' consistency (both kernels)
-static long long grid_y(const Params* p, int gx, int splits) {
-  const long long w = p->N - p->full_tiles * fastnf4_wg::kBN;
+  if (encode(&kp.xmap, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+             const_cast<void*>(p->x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return (int)cudaErrorInvalidValue;
+  const long long col0 = p->full_tiles * fastnf4_wg::kBN, w = p->N - col0;
   const long long gy = p->full_tiles + p->tail_tiles * splits;
   if (gx < 1 || splits < 1 || p->full_tiles < 0 || p->tail_tiles < 0 || gy < 1 || gy > 65535 ||
       (p->tail_tiles > 0) != (p->y32 != nullptr) || (p->tail_tiles > 0 && w <= 0) ||
       (p->tail_tiles > 0 && (p->steps_per_split < 1 || (splits - 1) * p->steps_per_split >= p->K / fastnf4_wg::kStep)))
-    return -1;
-  return gy;
-}
-
-// split-K: the partial slices are complete when the next kernel on the stream starts
-static int launch_tail_sum(const Params* p, int dtype, int splits, cudaStream_t stream) {
-  const long long col0 = p->full_tiles * fastnf4_wg::kBN, w = p->N - col0;
+    return (int)cudaErrorInvalidValue;
+  void* args[] = {(void*)&kp};
+  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
+  if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
+  // split-K: the partial slices are complete when the next kernel on the stream starts
   if (dtype == 0) {
     fastnf4_wg::launch_sum<__nv_bfloat16>(p, splits, w, col0, stream);
   } else {
     fastnf4_wg::launch_sum<__half>(p, splits, w, col0, stream);
   }
   return (int)cudaGetLastError();
-}
-
-int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int splits, cudaStream_t stream) {
-  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
-  if (v.f == nullptr) return (int)cudaErrorInvalidValue;
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return (int)cudaErrorNotSupported;
-  fastnf4_wg::KParams kp;
-  kp.p = *p;
-  if (!encode_x(encode, &kp.xmap, p, dtype, bm)) return (int)cudaErrorInvalidValue;
-  const long long gy = grid_y(p, gx, splits);
-  if (gy < 0) return (int)cudaErrorInvalidValue;
-  void* args[] = {(void*)&kp};
-  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
-  if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
-  return launch_tail_sum(p, dtype, splits, stream);
-}
-
-static void* ws_kernel(int dtype, int nested, int cl) {
-  using namespace fastnf4_wg;
-  if (cl == 2) {
-    if (dtype == 0) return nested ? (void*)nf4_wgmma_ws<__nv_bfloat16, true, 2> : (void*)nf4_wgmma_ws<__nv_bfloat16, false, 2>;
-    return nested ? (void*)nf4_wgmma_ws<__half, true, 2> : (void*)nf4_wgmma_ws<__half, false, 2>;
-  }
-  if (dtype == 0) return nested ? (void*)nf4_wgmma_ws<__nv_bfloat16, true, 1> : (void*)nf4_wgmma_ws<__nv_bfloat16, false, 1>;
-  return nested ? (void*)nf4_wgmma_ws<__half, true, 1> : (void*)nf4_wgmma_ws<__half, false, 1>;
-}
-
-// The warp-specialized kernel (x rows per block 128): resident blocks per SM (0: cannot run here).
-int fastnf4_wgmma_ws_ready(int dtype, int nested) {
-  int blocks = 0;
-  for (int cl = 1; cl <= 2; ++cl) {
-    void* f = ws_kernel(dtype, nested, cl);
-    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, fastnf4_wg::ws::kSmem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, fastnf4_wg::ws::kThreads, fastnf4_wg::ws::kSmem) !=
-            cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-  }
-  return blocks;
-}
-
-// As fastnf4_wgmma with bm = 128, on the warp-specialized kernel; also needs K % 32 == 0 (TMA row pitch). cl = 2:
-// clusters of two weight row tiles sharing x (needs an even grid y whose pairs never mix a whole tile and a split
-// part or two splits: even full_tiles and tail_tiles).
-int fastnf4_wgmma_ws(const Params* p, int dtype, int nested, int gx, int splits, int cl, cudaStream_t stream) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return (int)cudaErrorNotSupported;
-  if (cl != 1 && (cl != 2 || p->full_tiles % 2 || p->tail_tiles % 2)) return (int)cudaErrorInvalidValue;
-  fastnf4_wg::KParamsWS kp;
-  kp.p = *p;
-  if (!encode_x(encode, &kp.xmap, p, dtype, 128 / cl)) return (int)cudaErrorInvalidValue;
-  const cuuint64_t dims[2] = {(cuuint64_t)p->K / 2, (cuuint64_t)p->N};
-  const cuuint64_t strides[1] = {(cuuint64_t)p->K / 2};
-  const cuuint32_t box[2] = {128, (cuuint32_t)fastnf4_wg::kBN};
-  const cuuint32_t unit[2] = {1, 1};
-  if (encode(&kp.wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p->packed), dims, strides, box, unit,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return (int)cudaErrorInvalidValue;
-  const long long gy = grid_y(p, gx, splits);
-  if (gy < 0 || gy % cl) return (int)cudaErrorInvalidValue;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(gx, (unsigned)gy, 1);
-  cfg.blockDim = dim3(fastnf4_wg::ws::kThreads);
-  cfg.dynamicSmemBytes = fastnf4_wg::ws::kSmem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = cl;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  void* args[] = {(void*)&kp};
-  cudaError_t rc = cudaLaunchKernelExC(&cfg, ws_kernel(dtype, nested, cl), args);
-  if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
-  return launch_tail_sum(p, dtype, splits, stream);
 }
 
 }  // extern "C"

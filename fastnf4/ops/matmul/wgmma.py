@@ -44,18 +44,12 @@ class _Lib:
         lib.fastnf4_wgmma_ready.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_wgmma_ready.restype = ctypes.c_int
         lib.fastnf4_wgmma_params_size.restype = ctypes.c_int
-        lib.fastnf4_wgmma_ws.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                         ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-        lib.fastnf4_wgmma_ws.restype = ctypes.c_int
-        lib.fastnf4_wgmma_ws_ready.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.fastnf4_wgmma_ws_ready.restype = ctypes.c_int
         if lib.fastnf4_wgmma_params_size() != ctypes.sizeof(Params):
             raise RuntimeError("wgmma.cu Params layout differs from the ctypes mirror")
         # every variant's attributes set now: this loads the module, so a launch inside a graph capture never
         # triggers lazy loading
         self.ready = {(d, bm, nested): lib.fastnf4_wgmma_ready(d, bm, nested)
                       for d in (0, 1) for bm in BLOCK_M for nested in (0, 1)}
-        self.ws_ready = {(d, nested): lib.fastnf4_wgmma_ws_ready(d, nested) for d in (0, 1) for nested in (0, 1)}
 
 
 @functools.cache
@@ -177,14 +171,6 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
     return best
 
 
-WS_BM = 128  # x rows per block of the warp-specialized kernel (wgmma.cu nf4_wgmma_ws)
-
-
-def use_ws(bm: int) -> bool:
-    """Whether calls with ``bm`` x rows per block take the warp-specialized kernel (FASTNF4_WGMMA_WS=0 / 1 forces)."""
-    return bm == WS_BM and os.environ.get("FASTNF4_WGMMA_WS", "0") == "1"
-
-
 class Prepared:
     """One weight's launch arguments worked out once (addresses only: it keeps no tensor alive); a call fills in
     x, y, M and the split-K workspace and launches. Any M the kernel supports; the dispatcher decides which."""
@@ -207,20 +193,12 @@ class Prepared:
         )
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None = None, y: torch.Tensor | None = None,
-                 bm: int | None = None, splits: int | None = None, full_tiles: int | None = None,
-                 ws: bool | None = None, cl: int | None = None) -> torch.Tensor:
+                 bm: int | None = None, splits: int | None = None, full_tiles: int | None = None) -> torch.Tensor:
         """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias).
         ``bm`` / ``splits`` / ``full_tiles`` force a variant (tests, probes): ``splits`` parts of K for every weight
-        row tile after the first ``full_tiles`` (default 0). ``ws`` forces the warp-specialized kernel (BM 128) on
-        or off (default: ``use_ws``); ``cl`` its cluster size (1, or 2: two weight row tiles share each x tile; default
-        2 where the plan pairs up, see ``fastnf4_wgmma_ws``)."""
+        row tile after the first ``full_tiles`` (default 0)."""
         m, n, k = x2d.shape[0], self.n, self.k
         bm = bm or block_m(m)
-        dt = _DTYPES[x2d.dtype]
-        if ws is None:
-            ws = use_ws(bm)
-        if ws and (bm != WS_BM or self.lib.ws_ready[(dt, int(self.nested))] <= 0):
-            raise ValueError(f"the warp-specialized wgmma kernel takes {WS_BM} x rows per block on a GPU it fits")
         steps = k // STEP
         n_tiles = -(-n // ROWS)
         if splits is None:
@@ -238,16 +216,8 @@ class Prepared:
         p.full_tiles, p.tail_tiles = full, tail
         p.bias = bias.data_ptr() if bias is not None else None  # for the tail applied by the sum kernel
         p.y32 = y32.data_ptr() if y32 is not None else None
-        stream = torch._C._cuda_getCurrentRawStream(self.index)
-        if ws:
-            pairs = full % 2 == 0 and tail % 2 == 0
-            if cl is None:
-                cl = 2 if pairs and os.environ.get("FASTNF4_WGMMA_CL", "2") == "2" else 1
-            if cl not in (1, 2) or (cl == 2 and not pairs):
-                raise ValueError(f"wgmma: cluster size {cl} does not fit this plan")
-            rc = self.lib.lib.fastnf4_wgmma_ws(ctypes.byref(p), dt, int(self.nested), -(-m // bm), s, cl, stream)
-        else:
-            rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), dt, bm, int(self.nested), -(-m // bm), s, stream)
+        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), -(-m // bm),
+                                        s, torch._C._cuda_getCurrentRawStream(self.index))
         if rc != 0:
             raise RuntimeError(f"wgmma launch failed (cudaError {rc})")
         return y  # with split-K, wgmma.cu's second kernel added the partials in split order, the bias, and rounded
@@ -255,8 +225,8 @@ class Prepared:
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, bm: int | None = None, splits: int | None = None,
-           full_tiles: int | None = None, ws: bool | None = None, cl: int | None = None) -> torch.Tensor:
-    """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` / ``full_tiles`` / ``ws``
-    force a variant (tests, probes; see ``Prepared.__call__``)."""
+           full_tiles: int | None = None) -> torch.Tensor:
+    """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` / ``full_tiles`` force a
+    variant (tests, probes; see ``Prepared.__call__``)."""
     return Prepared(packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles, ws, cl)
+                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles)
