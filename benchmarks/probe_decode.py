@@ -1,6 +1,6 @@
 """Decode kernel (M = 1) on the large weights: time per split-K choice and % of the NF4 byte floor, for the
 build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE_M = x rows (default 1; 3-32 take
-the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all. usage: python benchmarks/probe_decode.py [S ...]"""
+the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every. usage: python benchmarks/probe_decode.py [S ...]"""
 import os
 import sys
 
@@ -17,7 +17,9 @@ splits = [int(a) for a in sys.argv[1:]] or [0]
 LARGE = [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]
 # Llama q+o, Qwen q / o, Gemma qkv / q, Qwen gate+up (21-68 MB packed)
 MID = [(8192, 8192), (8192, 5120), (5120, 8192), (8192, 5376), (4096, 5376), (25600, 5120)]
-SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID}
+# the fused gate+up projections of Llama / Gemma (not in the sets above)
+GATE_UP = [(28672, 8192), (21504, 5376)]
+SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID, "gateup": GATE_UP, "every": LARGE + MID + GATE_UP}
 for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w)
