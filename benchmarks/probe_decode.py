@@ -30,7 +30,7 @@ for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     floor = (q.nbytes() + 2 * m * k + 2 * m * n) / bw / 1e3
     slices = -(-k // 128)
-    line = f"{n:5d}x{k:5d} floor {floor:5.1f} M {m} plan {gemv_mma.plan(m, n, k, 132 * 16)}:"
+    line = f"{n:5d}x{k:5d} floor {floor:5.1f} M {m}:"
     for s in splits:
         sp = None if s == 0 else (s, -(-slices // s))
         t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp) for i in range(reps)])

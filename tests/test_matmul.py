@@ -283,6 +283,20 @@ def _in_flight_fragment_writes(sass: str) -> tuple[int, list[str]]:
     return groups, bad
 
 
+def test_decode_plan_at_m1_prices_split_k_as_measured():
+    from fastnf4.ops.matmul import gemv_mma
+
+    cost = gemv_mma.DECODE_SPLIT_COST
+    # H200, session 16 (probe_decode.py, every split count): Llama gate+up 52.5 us whole against 59.5 in 7 splits,
+    # Qwen gate_up 61.8 in 3 splits against 63.0 in 5; the other weights keep their (fastest) plans
+    assert gemv_mma.plan(1, 28672, 8192, 132 * 16, split_cost=cost) == (1, 64)
+    assert gemv_mma.plan(1, 51200, 5120, 132 * 16, split_cost=cost)[0] == 3
+    for n, k, warps in ((57344, 8192, 132 * 16), (8192, 28672, 132 * 16), (21504, 5376, 132 * 16),
+                        (8192, 8192, 132 * 20)):
+        assert gemv_mma.plan(1, n, k, warps, split_cost=cost) == gemv_mma.plan(1, n, k, warps)
+    assert gemv_mma.plan(1, 28672, 8192, 132 * 16)[0] > 1  # the default cost (other kernels, M > 1) splits it
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path):
     """The SASS of every wgmma variant: no instruction between an HGMMA group and its wait writes the group's A
