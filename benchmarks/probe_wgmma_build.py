@@ -12,19 +12,15 @@ import torch
 import fastnf4
 from fastnf4.api import linear_args
 from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import model_shapes, rotation_count, time_graphs
+from fastnf4.bench.harness import rotation_count, time_graphs
 from fastnf4.ops.matmul import wgmma
+from probe_weights import model_weights
 
 label = sys.argv[1]
 m = int(sys.argv[sys.argv.index("--m") + 1]) if "--m" in sys.argv else 128
 torch.manual_seed(0)
-rows, seen = [], set()
-for model, layer, n, k in model_shapes():
-    if (n, k) in seen or n * k // 2 < 8e6:
-        continue
-    seen.add((n, k))
-    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+rows = []
+for model, layer, n, k, w, q in model_weights():
     wd = fastnf4.dequantize(q)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     ref = x.double() @ wd.double().T

@@ -4,16 +4,15 @@ each weight that splits is timed with that plan and with floor(slots / tiles) sp
 process, graph timing, against bf16 cuBLAS (rotated past L2 as bench matmul does).
 usage: python benchmarks/probe_wgmma_splits.py [JSON]"""
 import json
-import os
 import sys
 
 import torch
 
-import fastnf4
 from fastnf4.api import linear_args
 from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import environment, model_shapes, rotation_count, time_graph
+from fastnf4.bench.harness import environment, rotation_count, time_graph
 from fastnf4.ops.matmul import wgmma
+from probe_weights import model_weights
 
 ORIGINAL = wgmma.plan
 
@@ -32,13 +31,7 @@ def plan_floor(m: int, n: int, k: int, slots: int, bm: int) -> tuple[int, int]:
 
 torch.manual_seed(0)
 rows = []
-seen = set()
-for model, layer, n, k in model_shapes():
-    if (n, k) in seen or n * k // 2 < 8e6:
-        continue
-    seen.add((n, k))
-    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+for model, layer, n, k, w, q in model_weights():
     qs = [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)]
     ws = [w] + [w.clone() for _ in range(rotation_count(n * k * 2) - 1)]
     for m in (16, 32, 64, 128):

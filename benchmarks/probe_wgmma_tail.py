@@ -13,8 +13,9 @@ import torch
 import fastnf4
 from fastnf4.api import linear_args
 from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import model_shapes, rotation_count, time_graphs
+from fastnf4.bench.harness import rotation_count, time_graphs
 from fastnf4.ops.matmul import wgmma
+from probe_weights import model_weights
 
 ms = (128, 256, 512)
 for a in sys.argv[1:]:
@@ -24,13 +25,7 @@ torch.manual_seed(0)
 out = {"env": {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("FASTNF4_COMMIT", "?"),
                "torch": torch.__version__}, "rows": []}
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-seen = set()
-for model, layer, n, k in model_shapes():
-    if (n, k) in seen or n * k // 2 < 8e6:
-        continue
-    seen.add((n, k))
-    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+for model, layer, n, k, w, q in model_weights():
     wd = fastnf4.dequantize(q)
     reps_q = rotation_count(q.nbytes())
     qs = [q] + [clone_weight(q) for _ in range(reps_q - 1)]
