@@ -141,17 +141,18 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
     return variant(m)
 
 
-# What one more split-K part costs in ``plan``'s score (a share of the workers' balance): the decode kernel at M = 1
-# pays more per split than the 0.01 elsewhere (its partial sums, the settle, a ring refill per work item). H200,
+# What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
+# decode kernel at M = 1 pays more per split (float32 partial sums, the settle, a statistics phase per work item). H200,
 # session 16 (benchmarks/probe_decode.py, every split count 1-16 on 12 weights of 21-242 MB, NOTES.md): with 0.03 the
 # plan takes the fastest split or one within 3% on all 12, with 0.01 it took 7 splits for Llama gate+up (28672 x
 # 8192: 59.5 us against 52.5 without split-K), 5 for Qwen gate_up (63.0 against 61.8 with 3).
+SPLIT_COST = 0.01
 DECODE_SPLIT_COST = 0.03
 
 
 @functools.lru_cache(maxsize=4096)  # pure; called once per launch
 def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True, rows: int = 16,
-         split_cost: float = 0.01) -> tuple[int, int]:
+         split_cost: float = SPLIT_COST) -> tuple[int, int]:
     """(splits, slices per split): enough work items (``rows`` weight rows x a K range each) that ``warps``
     persistent workers finish within ~5% of each other, each split beyond the first costing ``split_cost`` of that
     balance."""
@@ -207,7 +208,7 @@ class Prepared:
         rows = lib.rows[v]
         # the decode kernel's workers are warps (one 16-row item each), the GEMM kernel's are blocks
         per_block = lib.warps[v] if rows == 16 else 1
-        cost = DECODE_SPLIT_COST if m == 1 and v in (0, DECODE_WIDE) else 0.01
+        cost = DECODE_SPLIT_COST if m == 1 and v in (0, DECODE_WIDE) else SPLIT_COST
         s, per = splits or plan(m, n, k, sms * occ * per_block,
                                 allow_split=counters is not None and tiles <= _COUNTERS, rows=rows, split_cost=cost)
         per = max(1, min(int(per), -(-k // SLICE)))
