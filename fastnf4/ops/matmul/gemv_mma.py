@@ -142,10 +142,10 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
-# decode kernel at M = 1 pays more per split (float32 partial sums, the settle, a statistics phase per work item). H200,
-# session 16 (benchmarks/probe_decode.py, every split count 1-16 on 12 weights of 21-242 MB, NOTES.md): with 0.03 the
-# plan takes the fastest split or one within 3% on all 12, with 0.01 it took 7 splits for Llama gate+up (28672 x
-# 8192: 59.5 us against 52.5 without split-K), 5 for Qwen gate_up (63.0 against 61.8 with 3).
+# decode kernel at M = 1 pays more per split (float32 partial sums, the settle, a statistics phase per work item).
+# H200, session 16 (benchmarks/probe_decode.py, every split count 1-16 on 12 weights of 21-242 MB, NOTES.md): with
+# 0.03 the plan takes the fastest split or one within 3% on all 12; with 0.01 it took 7 splits for Llama gate+up
+# (28672 x 8192: 59.5 us against 52.5 without split-K) and 5 for Qwen gate_up (63.0 against 61.8 with 3).
 SPLIT_COST = 0.01
 DECODE_SPLIT_COST = 0.03
 
