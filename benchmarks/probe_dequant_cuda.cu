@@ -133,29 +133,24 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const Params p) {
   const long long n_win = n_words / (32 * kU);
   const uint32_t* words = reinterpret_cast<const uint32_t*>(p.packed);
 
-  uint32_t w[kU];
-  Stat st[kU];
-  if (win < n_win) {
+  // this lane's words and statistics of window v (none past the last whole window)
+  auto load_window = [&](long long v, uint32_t (&wv)[kU], Stat (&sv)[kU]) {
+    if (v >= n_win) return;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const long long i = win * (32 * kU) + 32 * u + lane;
-      w[u] = load_word(words + i);
-      st[u] = load_stat<kNested>(p, i >> p.word_shift);
+      const long long i = v * (32 * kU) + 32 * u + lane;
+      wv[u] = load_word(words + i);
+      sv[u] = load_stat<kNested>(p, i >> p.word_shift);
     }
-  }
+  };
+  uint32_t w[kU];
+  Stat st[kU];
+  load_window(win, w, st);
   for (; win < n_win; win += warps) {
     // the next window's loads go out before this one is decoded
-    const long long next = win + warps;
     uint32_t w2[kU];
     Stat st2[kU];
-    if (next < n_win) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const long long i = next * (32 * kU) + 32 * u + lane;
-        w2[u] = load_word(words + i);
-        st2[u] = load_stat<kNested>(p, i >> p.word_shift);
-      }
-    }
+    load_window(win + warps, w2, st2);
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       decode_store<T>(s_code, w[u], absmax_of<kNested>(st[u], s_ncode, offset), p.out, win * (32 * kU) + 32 * u + lane);
@@ -328,6 +323,21 @@ int fastnf4_dequant_params_size() { return (int)sizeof(Params); }
 int fastnf4_dequant_threads() { return fastnf4_dq::kThreads; }
 int fastnf4_dequant_window_words() { return 32 * fastnf4_dq::kU; }
 
+// one launch of f, with programmatic stream serialization when pdl (sm_90+); returns a cudaError_t
+static int launch(void* f, int grid, int threads, int smem, cudaStream_t stream, int pdl, void** args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return (int)cudaLaunchKernelExC(&cfg, f, args);
+}
+
 // Resident blocks per SM (0 when the kernel does not exist or does not fit); also loads the module.
 int fastnf4_dequant_occupancy(int dtype, int nested) {
   void* f = fastnf4_dq::kernel_for(dtype, nested);
@@ -346,16 +356,7 @@ int fastnf4_dequant(const Params* p, int dtype, int nested, int grid, cudaStream
   void* f = fastnf4_dq::kernel_for(dtype, nested);
   if (f == nullptr || grid < 1) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(fastnf4_dq::kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return (int)cudaLaunchKernelExC(&cfg, f, args);
+  return launch(f, grid, fastnf4_dq::kThreads, 0, stream, pdl, args);
 }
 
 
@@ -369,17 +370,7 @@ int fastnf4_dequant_smem(const Params* p, int dtype, int nested, int chunks, int
     return (int)cudaGetLastError();
   }
   void* args[] = {(void*)p, (void*)&per_block, (void*)&prefetch};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(fastnf4_dq::kThreadsS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return (int)cudaLaunchKernelExC(&cfg, f, args);
+  return launch(f, grid, fastnf4_dq::kThreadsS, smem, stream, pdl, args);
 }
 
 }  // extern "C"
