@@ -95,6 +95,30 @@ def test_tail_plan_matches_and_replays_equal(dtype):
     assert torch.equal(yg, y1)
 
 
+def test_split_sums_back_to_back_in_a_graph():
+    """The split-K sum kernel is the wgmma grid's programmatic dependent (scheduled early, waits for the grid in
+    splitk_sum): back to back in one graph, where consecutive calls reuse the partial-sum workspace, every call's
+    sum must see its own grid's partials. Fresh x per call, outputs poisoned, each equal to the same call made
+    alone."""
+    torch.manual_seed(5)
+    n, k, m = 1000, 2048, 32
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
+    prepared = wgmma.Prepared(*linear_args(q))
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(6)]
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    alone = [prepared(x, bias, splits=4) for x in xs]
+    ys = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in xs]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for x, y in zip(xs, ys):
+            prepared(x, bias, y=y, splits=4)
+    g.replay()
+    torch.cuda.synchronize()
+    for y, a in zip(ys, alone):
+        assert torch.equal(y, a)
+    _check(q, m, torch.bfloat16, bias, splits=4)
+
+
 def test_dispatch_takes_it_and_graph_replays_equal():
     torch.manual_seed(1)
     q = fastnf4.quantize(torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16) * 0.02)

@@ -432,6 +432,11 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const uint32_t bars = quad_s + kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
+#if !defined(FASTNF4_WG_NO_SUM_PDL)
+  // with a split tail, the sum kernel is launched as this grid's programmatic dependent: let it be put on the GPU
+  // now (it waits for this grid's completion before touching memory, see splitk_sum)
+  if (p.tail_tiles > 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
   const long long tail_j = static_cast<long long>(blockIdx.y) - p.full_tiles;
   const bool is_part = tail_j >= 0;  // a split part of a tail tile (writes float32 partial sums)
@@ -712,6 +717,11 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 template <typename T, int kVec>
 __global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32, const void* bias, void* y, int splits,
                                                   long long rows, long long w, long long col0, long long n) {
+#if !defined(FASTNF4_WG_NO_SUM_PDL)
+  // launched with programmatic stream serialization: wait until the wgmma grid has finished and its partial sums
+  // are visible (a no-op without the launch attribute)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const long long mw = rows * w, groups = w / kVec;
   for (long long m = blockIdx.y; m < rows; m += gridDim.y) {
     for (long long g = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
@@ -749,11 +759,29 @@ void launch_sum(const Params* p, int splits, long long w, long long col0, cudaSt
   // ~8 blocks of 256 threads per SM over the whole GPU (up to 1056), column groups first
   const long long bx = (groups + 255) / 256 < 1056 ? (groups + 255) / 256 : 1056;
   const long long by = 1056 / bx < p->M ? 1056 / bx : p->M;
-  const dim3 grid((unsigned)bx, (unsigned)(by < 65535 ? by : 65535));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)bx, (unsigned)(by < 65535 ? by : 65535));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  // programmatic dependent launch: the sum grid is scheduled while the wgmma grid runs (it triggers at its start)
+  // and waits in splitk_sum for its completion, instead of being launched only after it
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+#if defined(FASTNF4_WG_NO_SUM_PDL)
+  cfg.numAttrs = 0;
+#else
+  cfg.numAttrs = 1;
+#endif
+  const float* y32 = p->y32;
+  const void* bias = p->bias;
+  void* y = p->y;
+  const long long rows = p->M, n = p->N;
   if (vec) {
-    splitk_sum<T, 4><<<grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0, p->N);
+    cudaLaunchKernelEx(&cfg, splitk_sum<T, 4>, y32, bias, y, splits, rows, w, col0, n);
   } else {
-    splitk_sum<T, 1><<<grid, 256, 0, stream>>>(p->y32, p->bias, p->y, splits, p->M, w, col0, p->N);
+    cudaLaunchKernelEx(&cfg, splitk_sum<T, 1>, y32, bias, y, splits, rows, w, col0, n);
   }
 }
 
