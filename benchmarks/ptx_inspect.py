@@ -30,7 +30,8 @@ if __name__ == "__main__":
     rows, cols = int(sys.argv[2]), int(sys.argv[3])
     warps = int(sys.argv[4]) if len(sys.argv) > 4 else 4
     sig = {"p_packed": "*u8", "p_absmax": "*fp32", "p_code": "*fp32", "p_out": "*bf16", "p_ncode": "*fp32",
-           "p_nabsmax": "*fp32", "p_offset": "*fp32", "n_bytes": "i32", "numel": "i32", "n_blocks": "i32"}
+           "p_nabsmax": "*fp32", "p_offset": "*fp32", "n_bytes": "i32", "numel": "i32", "n_blocks": "i32",
+           "trig_from": "i32"}
     const = {"BLOCKSIZE": 64, "NESTED": False, "NESTED_BLOCKSIZE": 256, "ROWS": rows, "COLS": cols, "INT64": False,
              "MANUAL_BF16": False}
     sig.update({k: "constexpr" for k in const})

@@ -12,13 +12,19 @@ that product and sum round separately, as bitsandbytes' two steps do.
 
 Launch: with programmatic dependent launch on sm_90+ (``_triton.pdl``; ``PDL``), so the grid is put on the GPU
 while the previous kernel drains; it waits for that kernel (``gdc_wait``) before touching memory. H200: +0.3 to
-+5 points of copy bandwidth, most on the small shapes (benchmarks/probe_pdl.py).
++5 points of copy bandwidth, most on the small shapes (benchmarks/probe_pdl.py). Only the programs of the grid's
+last wave (``pid >= trig_from``) signal that the next grid may be scheduled: the signal doubles a program's launch
+cost, and the next grid may go on the GPU once every program has signalled *or exited*, so the tail's signals are
+enough. H200: +0.2 to +0.6 points on every shape of >= 56 MB against every program signalling
+(benchmarks/probe_dequant_trigger.py).
 
 Rounding: ``code * absmax`` in float32, then one round-to-nearest-even to the output dtype. Triton's CPU
 interpreter does not round float32 -> bf16 to nearest even, so under the interpreter (``MANUAL_BF16``)
 the rounding is done with integer arithmetic instead; on GPUs the hardware conversion is used.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -36,11 +42,11 @@ def _round_to_bf16(x):
     return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["trig_from"])
 def dequantize_4bit_kernel(
     p_packed, p_absmax, p_code, p_out,
     p_ncode, p_nabsmax, p_offset,
-    n_bytes, numel, n_blocks,
+    n_bytes, numel, n_blocks, trig_from,
     BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr,
     ROWS: tl.constexpr, COLS: tl.constexpr, INT64: tl.constexpr, MANUAL_BF16: tl.constexpr, PDL: tl.constexpr = False,
 ):
@@ -48,8 +54,10 @@ def dequantize_4bit_kernel(
         # programmatic dependent launch (sm_90+): this grid may be launched while the previous kernel on the
         # stream drains; wait for it before touching memory (its writes may be our inputs, or read our output)
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
+    if PDL:
+        if pid >= trig_from:  # the last wave of programs: the next grid may be scheduled once they all started
+            tl.extra.cuda.gdc_launch_dependents()
     if INT64:
         pid = pid.to(tl.int64)
     # [ROWS, COLS] bytes, COLS dividing BLOCKSIZE // 2: one absmax (and one double-quant decode) per row
@@ -110,13 +118,15 @@ class Prepared:
         rows = max(tile // cols, 1)
         self.numel = numel
         self.grid = (triton.cdiv(n_bytes, rows * cols),)
+        self.num_warps = num_warps or NUM_WARPS
+        pdl = _triton.pdl(packed_u8.device) if pdl is None else pdl
+        trig_from = max(self.grid[0] - _wave(packed_u8.device, self.num_warps), 0) if pdl else 0
         self.args = [packed_u8, absmax, code, None,
                      nested_code if nested else code, nested_absmax if nested else absmax, offset if nested else code,
-                     n_bytes, numel, absmax.numel()]
+                     n_bytes, numel, absmax.numel(), trig_from]
         self.constexprs = dict(BLOCKSIZE=blocksize, NESTED=nested, NESTED_BLOCKSIZE=nested_blocksize, ROWS=rows,
                                COLS=cols, INT64=(self.grid[0] * rows * cols * 2 >= 2**31), MANUAL_BF16=manual_bf16,
-                               PDL=_triton.pdl(packed_u8.device) if pdl is None else pdl)
-        self.num_warps = num_warps or NUM_WARPS
+                               PDL=pdl)
         self.fast = fast
         self.runner = None
 
@@ -138,6 +148,18 @@ class Prepared:
             # must not keep the weight's tensors alive
             self.args = _addresses(self.args)
         return out
+
+
+@functools.cache
+def _wave_of(index: int, num_warps: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count * (getattr(props, "max_threads_per_multi_processor", 2048) // (32 * num_warps))
+
+
+def _wave(device: torch.device, num_warps: int) -> int:
+    """Programs of ``num_warps`` warps resident on the whole GPU at once, as far as threads allow (H200: 132 SMs x
+    32 two-warp programs): the grid's last wave."""
+    return _wave_of(device.index if device.index is not None else torch.cuda.current_device(), num_warps)
 
 
 def _addresses(args: list) -> list:
