@@ -83,15 +83,24 @@ __device__ __forceinline__ uint32_t decode(uint32_t table_s, uint32_t lane8, uin
   return Pair<T>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
 }
 
+// a chunk's statistics: loaded a super-step ahead (raw), decoded when used, so no load latency is waited for early
+template <bool kNested> struct Raw {
+  uint32_t q;  // float32 absmax bits, or the nested 8-bit code
+  float s2;    // nested: the code's scale
+};
 template <bool kNested>
-__device__ __forceinline__ float chunk_absmax(const Params& p, long long e, uint32_t lb, const float* ncode, float offset) {
+__device__ __forceinline__ Raw<kNested> load_raw(const Params& p, long long e, uint32_t lb) {
   const long long blk = e >> lb;
   if constexpr (kNested) {
-    const uint32_t q = __ldg(reinterpret_cast<const uint8_t*>(p.absmax) + blk);
-    return __fadd_rn(__fmul_rn(ncode[q], __ldg(p.nested_absmax + (blk >> 8))), offset);  // bitsandbytes' two steps
+    return {__ldg(reinterpret_cast<const uint8_t*>(p.absmax) + blk), __ldg(p.nested_absmax + (blk >> 8))};
   } else {
-    return __ldg(reinterpret_cast<const float*>(p.absmax) + blk);
+    return {__float_as_uint(__ldg(reinterpret_cast<const float*>(p.absmax) + blk)), 0.f};
   }
+}
+template <bool kNested>
+__device__ __forceinline__ float absmax_of(const Raw<kNested>& r, const float* ncode, float offset) {
+  if constexpr (kNested) return __fadd_rn(__fmul_rn(ncode[r.q], r.s2), offset);  // bitsandbytes' two steps
+  return __uint_as_float(r.q);
 }
 
 template <typename T, int MT, bool kNested>
@@ -136,36 +145,41 @@ __global__ void __launch_bounds__(kThreads, 2) nf4_xa(const __grid_constant__ Pa
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
   uint4 w_next[kT];
-  float a_next[kT];
-  auto load = [&](int u, uint4 (&w)[kT], float (&a)[kT]) {
+  Raw<kNested> r_next[kT];
+  auto load = [&](int u) {
     const long long k = (ss0 + u) * kSS;
     const bool on = k + 32 * t < p.K;
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
       const long long e = erow(j) + k;
-      w[j] = on ? __ldcs(reinterpret_cast<const uint4*>(p.packed + (e >> 1))) : make_uint4(0, 0, 0, 0);
-      a[j] = on ? chunk_absmax<kNested>(p, e, lb, ncode, offset) : 0.f;
+      w_next[j] = on ? __ldcs(reinterpret_cast<const uint4*>(p.packed + (e >> 1))) : make_uint4(0, 0, 0, 0);
+      r_next[j] = on ? load_raw<kNested>(p, e, lb) : Raw<kNested>{0u, 0.f};
     }
   };
-  load(0, w_next, a_next);
+  // x at true k = k + 32 t + 8 q .. + 8 of rows g and g + 8 of each m tile (rows past M / K: zeros)
+  auto load_x = [&](int u, int q, uint4 (&xa)[MT][2]) {
+    const long long k = (ss0 + u) * kSS;
+    const bool kon = u < nss && k + 32 * t < p.K;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        xa[i][h] = (16 * i + 8 * h + g < p.M && kon)
+                       ? __ldg(reinterpret_cast<const uint4*>(xbase + (16 * i + 8 * h) * p.K + k + 8 * q))
+                       : make_uint4(0, 0, 0, 0);
+  };
+  load(0);
+  uint4 xa[MT][2], xn[MT][2];
+  load_x(0, 0, xa);
   for (int u = 0; u < nss; ++u) {
     uint4 w[kT];
     float a[kT];
 #pragma unroll
-    for (int j = 0; j < kT; ++j) w[j] = w_next[j], a[j] = a_next[j];
-    if (u + 1 < nss) load(u + 1, w_next, a_next);
-    const long long k = (ss0 + u) * kSS;
-    const bool kon = k + 32 * t < p.K;
+    for (int j = 0; j < kT; ++j) w[j] = w_next[j], a[j] = absmax_of<kNested>(r_next[j], ncode, offset);
+    if (u + 1 < nss) load(u + 1);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      uint4 xa[MT][2];  // x at true k = k + 32 t + 8 q .. + 8 of rows g and g + 8 of each m tile
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          xa[i][h] = (16 * i + 8 * h + g < p.M && kon)
-                         ? __ldg(reinterpret_cast<const uint4*>(xbase + (16 * i + 8 * h) * p.K + k + 8 * q))
-                         : make_uint4(0, 0, 0, 0);
+      load_x(q < 3 ? u : u + 1, (q + 1) & 3, xn);  // the next x fragment, one step ahead
 #pragma unroll
       for (int j = 0; j < kT; ++j) {
         const uint32_t word = q == 0 ? w[j].x : q == 1 ? w[j].y : q == 2 ? w[j].z : w[j].w;
@@ -179,6 +193,8 @@ __global__ void __launch_bounds__(kThreads, 2) nf4_xa(const __grid_constant__ Pa
           mma<T>(acc[i][j], xa[i][0].z, xa[i][1].z, xa[i][0].w, xa[i][1].w, b2, b3);
         }
       }
+#pragma unroll
+      for (int i = 0; i < MT; ++i) xa[i][0] = xn[i][0], xa[i][1] = xn[i][1];
     }
   }
   // D fragment of (m tile i, weight tile j): y[16 i + g (+ 8)][n0 + 8 j + 2 t (+ 1)]
