@@ -44,7 +44,14 @@ struct Params {
 #ifndef PROBE_XA_T
 #define PROBE_XA_T 4
 #endif
+#ifndef PROBE_XA_U
+#define PROBE_XA_U 2
+#endif
+#ifndef PROBE_XA_MINB
+#define PROBE_XA_MINB 2
+#endif
 constexpr int kT = PROBE_XA_T;  // n8 weight tiles per warp
+constexpr int kU = PROBE_XA_U;  // super-steps of weights in registers: the one decoded and kU - 1 in flight
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kSS = 128;        // K per super-step
@@ -104,7 +111,7 @@ __device__ __forceinline__ float absmax_of(const Raw<kNested>& r, const float* n
 }
 
 template <typename T, int MT, bool kNested>
-__global__ void __launch_bounds__(kThreads, 2) nf4_xa(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, PROBE_XA_MINB) nf4_xa(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float ncode[kNested ? 256 : 1];
   // 256-byte aligned: each half-warp's 8-byte loads at 8 (lane & 15) then cover the 32 banks once
@@ -144,16 +151,16 @@ __global__ void __launch_bounds__(kThreads, 2) nf4_xa(const __grid_constant__ Pa
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-  uint4 w_next[kT];
-  Raw<kNested> r_next[kT];
-  auto load = [&](int u) {
+  uint4 wb[kU][kT];  // a ring of kU super-steps: slot u % kU
+  Raw<kNested> rb[kU][kT];
+  auto load = [&](int u, uint4 (&w)[kT], Raw<kNested> (&r)[kT]) {
     const long long k = (ss0 + u) * kSS;
-    const bool on = k + 32 * t < p.K;
+    const bool on = u < nss && k + 32 * t < p.K;
 #pragma unroll
     for (int j = 0; j < kT; ++j) {
       const long long e = erow(j) + k;
-      w_next[j] = on ? __ldcs(reinterpret_cast<const uint4*>(p.packed + (e >> 1))) : make_uint4(0, 0, 0, 0);
-      r_next[j] = on ? load_raw<kNested>(p, e, lb) : Raw<kNested>{0u, 0.f};
+      w[j] = on ? __ldcs(reinterpret_cast<const uint4*>(p.packed + (e >> 1))) : make_uint4(0, 0, 0, 0);
+      r[j] = on ? load_raw<kNested>(p, e, lb) : Raw<kNested>{0u, 0.f};
     }
   };
   // x at true k = k + 32 t + 8 q .. + 8 of rows g and g + 8 of each m tile (rows past M / K: zeros)
@@ -168,33 +175,39 @@ __global__ void __launch_bounds__(kThreads, 2) nf4_xa(const __grid_constant__ Pa
                        ? __ldg(reinterpret_cast<const uint4*>(xbase + (16 * i + 8 * h) * p.K + k + 8 * q))
                        : make_uint4(0, 0, 0, 0);
   };
-  load(0);
+#pragma unroll
+  for (int v = 0; v < kU; ++v) load(v, wb[v], rb[v]);
   uint4 xa[MT][2], xn[MT][2];
   load_x(0, 0, xa);
-  for (int u = 0; u < nss; ++u) {
-    uint4 w[kT];
-    float a[kT];
+  for (int u0 = 0; u0 < nss; u0 += kU) {
 #pragma unroll
-    for (int j = 0; j < kT; ++j) w[j] = w_next[j], a[j] = absmax_of<kNested>(r_next[j], ncode, offset);
-    if (u + 1 < nss) load(u + 1);
+    for (int v = 0; v < kU; ++v) {
+      const int u = u0 + v;
+      if (u >= nss) break;
+      float a[kT];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      load_x(q < 3 ? u : u + 1, (q + 1) & 3, xn);  // the next x fragment, one step ahead
+      for (int j = 0; j < kT; ++j) a[j] = absmax_of<kNested>(rb[v][j], ncode, offset);
 #pragma unroll
-      for (int j = 0; j < kT; ++j) {
-        const uint32_t word = q == 0 ? w[j].x : q == 1 ? w[j].y : q == 2 ? w[j].z : w[j].w;
-        const uint32_t b0 = decode<T>(table_s, lane8, word, 0x5504u, a[j]);
-        const uint32_t b1 = decode<T>(table_s, lane8, word, 0x5514u, a[j]);
-        const uint32_t b2 = decode<T>(table_s, lane8, word, 0x5524u, a[j]);
-        const uint32_t b3 = decode<T>(table_s, lane8, word, 0x5534u, a[j]);
+      for (int q = 0; q < 4; ++q) {
+        load_x(q < 3 ? u : u + 1, (q + 1) & 3, xn);  // the next x fragment, one step ahead
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          mma<T>(acc[i][j], xa[i][0].x, xa[i][1].x, xa[i][0].y, xa[i][1].y, b0, b1);
-          mma<T>(acc[i][j], xa[i][0].z, xa[i][1].z, xa[i][0].w, xa[i][1].w, b2, b3);
+        for (int j = 0; j < kT; ++j) {
+          const uint4& w = wb[v][j];
+          const uint32_t word = q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w;
+          const uint32_t b0 = decode<T>(table_s, lane8, word, 0x5504u, a[j]);
+          const uint32_t b1 = decode<T>(table_s, lane8, word, 0x5514u, a[j]);
+          const uint32_t b2 = decode<T>(table_s, lane8, word, 0x5524u, a[j]);
+          const uint32_t b3 = decode<T>(table_s, lane8, word, 0x5534u, a[j]);
+#pragma unroll
+          for (int i = 0; i < MT; ++i) {
+            mma<T>(acc[i][j], xa[i][0].x, xa[i][1].x, xa[i][0].y, xa[i][1].y, b0, b1);
+            mma<T>(acc[i][j], xa[i][0].z, xa[i][1].z, xa[i][0].w, xa[i][1].w, b2, b3);
+          }
         }
-      }
 #pragma unroll
-      for (int i = 0; i < MT; ++i) xa[i][0] = xn[i][0], xa[i][1] = xn[i][1];
+        for (int i = 0; i < MT; ++i) xa[i][0] = xn[i][0], xa[i][1] = xn[i][1];
+      }
+      load(u + kU, wb[v], rb[v]);  // the slot refilled kU super-steps ahead (nothing past the end)
     }
   }
   // D fragment of (m tile i, weight tile j): y[16 i + g (+ 8)][n0 + 8 j + 2 t (+ 1)]
@@ -288,6 +301,7 @@ int probe_xa_prepare() {
 }
 int probe_xa_params_size() { return (int)sizeof(probe_xa::Params); }
 int probe_xa_tiles() { return probe_xa::kT; }
+int probe_xa_minb() { return PROBE_XA_MINB; }
 int probe_xa_warps() { return probe_xa::kWarps; }
 int probe_xa_run(const probe_xa::Params* p, int dtype, int nested, int blocks, cudaStream_t stream) {
   using namespace probe_xa;

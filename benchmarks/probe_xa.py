@@ -4,7 +4,9 @@ model weight of >= 8 MB (graph timing, providers interleaved: ``harness.time_gra
 and split plan is checked on fresh data with a poisoned output: error against a float64 product with the
 dequantized weight, relative to cuBLAS's error on the same weight (the kernel multiplies by exactly the dequantized
 weight, so ~1), plus odd shapes (N, M off the tiles, K % 128 != 0, bias, fp16, blocksizes, nested off).
-usage: python benchmarks/probe_xa.py [--tiles 4,2] [--m 8,16,32] [JSON]"""
+Builds: ``--builds "label:nvcc flags;label:flags"`` (PROBE_XA_T tiles per warp, PROBE_XA_U super-steps of weights in
+registers, PROBE_XA_MINB blocks per SM for the launch bounds).
+usage: python benchmarks/probe_xa.py [--builds "t4:-DPROBE_XA_T=4;..."] [--m 8,16,32] [JSON]"""
 import ctypes
 import json
 import os
@@ -27,13 +29,18 @@ class Params(ctypes.Structure):
                [(name, ctypes.c_longlong) for name in ("M", "N", "K", "log2_blocksize", "splits", "per")]
 
 
-def build(tiles: int):
-    lib = ctypes.CDLL(_cuda.compile_source(os.path.join(HERE, "probe_xa.cu"), _cuda.device_arch(0),
-                                           extra=(f"-DPROBE_XA_T={tiles}",)))
-    lib.probe_xa_run.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    assert lib.probe_xa_params_size() == ctypes.sizeof(Params)
-    assert lib.probe_xa_prepare() == 0
-    return lib
+class Build:
+    def __init__(self, label: str, flags: str):
+        self.label, self.flags = label, flags
+        self.lib = ctypes.CDLL(_cuda.compile_source(os.path.join(HERE, "probe_xa.cu"), _cuda.device_arch(0),
+                                                    extra=tuple(flags.split())))
+        self.lib.probe_xa_run.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_void_p]
+        assert self.lib.probe_xa_params_size() == ctypes.sizeof(Params)
+        assert self.lib.probe_xa_prepare() == 0
+        self.tiles = self.lib.probe_xa_tiles()
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.warps_resident = sms * self.lib.probe_xa_minb() * 8
 
 
 def plan(n: int, k: int, tiles: int, warps_resident: int, splits: int | None = None) -> tuple[int, int]:
@@ -45,12 +52,12 @@ def plan(n: int, k: int, tiles: int, warps_resident: int, splits: int | None = N
     return -(-ss // per), per
 
 
-def xa_linear(lib, tiles, x, q, bias=None, y=None, splits=None):
+def xa_linear(b: Build, x, q, bias=None, y=None, splits=None):
     m, k = x.shape
     n = q.shape[0]
     nested = q.nested_code is not None
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    s, per = plan(n, k, tiles, sms * 2 * 8, splits)
+    tiles = b.tiles
+    s, per = plan(n, k, tiles, b.warps_resident, splits)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device) if y is None else y
     y32 = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else None
     code = fastnf4.codebooks.kernel_code(q.quant_type, q.device)
@@ -63,7 +70,7 @@ def xa_linear(lib, tiles, x, q, bias=None, y=None, splits=None):
                log2_blocksize=q.blocksize.bit_length() - 1, splits=s, per=per)
     groups = -(-n // (8 * tiles))
     blocks = -(-groups * s // 8)
-    rc = lib.probe_xa_run(ctypes.byref(p), 0 if x.dtype == torch.bfloat16 else 1, int(nested), blocks,
+    rc = b.lib.probe_xa_run(ctypes.byref(p), 0 if x.dtype == torch.bfloat16 else 1, int(nested), blocks,
                           torch.cuda.current_stream().cuda_stream)
     assert rc == 0, rc
     return y
@@ -76,7 +83,7 @@ def err_ratio(y, x, q, bias=None):
     return rel(y) / rel(torch.nn.functional.linear(x, wd, bias)), bool(torch.isfinite(y).all())
 
 
-def checks(lib, tiles):
+def checks(b: Build):
     worst = 0.0
     torch.manual_seed(1)
     cases = [(300, 1536, 64, True, torch.bfloat16), (1000, 576, 256, False, torch.float16),
@@ -89,7 +96,7 @@ def checks(lib, tiles):
                 x = torch.randn(m, k, device="cuda", dtype=dt)
                 bias = torch.randn(n, device="cuda", dtype=dt) if m % 2 else None
                 y = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
-                xa_linear(lib, tiles, x, q, bias, y, splits)
+                xa_linear(b, x, q, bias, y, splits)
                 r, finite = err_ratio(y, x, q, bias)
                 assert finite and r <= 1.1, (n, k, bs, nested, dt, m, splits, r)
                 worst = max(worst, r)
@@ -98,12 +105,15 @@ def checks(lib, tiles):
 
 def main():
     argv = sys.argv[1:]
-    tiles_list = [int(v) for v in argv[argv.index("--tiles") + 1].split(",")] if "--tiles" in argv else [4]
+    spec = argv[argv.index("--builds") + 1] if "--builds" in argv else "t4:-DPROBE_XA_T=4"
     ms = [int(v) for v in argv[argv.index("--m") + 1].split(",")] if "--m" in argv else [8, 16, 32]
     out = [a for a in argv if a.endswith(".json")]
-    libs = {t: build(t) for t in tiles_list}
-    for t, lib in libs.items():
-        print(f"T {t}: odd-shape checks worst error ratio {checks(lib, t):.3f}", flush=True)
+    libs = {}
+    for part in spec.split(";"):
+        label, flags = part.split(":", 1)
+        libs[label] = Build(label, flags)
+    for t, b in libs.items():
+        print(f"{t} ({b.flags}): odd-shape checks worst error ratio {checks(b):.3f}", flush=True)
     rows = []
     torch.manual_seed(0)
     for model, layer, n, k, w, q in model_weights():
@@ -114,28 +124,27 @@ def main():
             prov = {"cublas": [lambda i=i: x @ ws[i].T for i in range(len(ws))],
                     "fastnf4": [lambda i=i: fastnf4.linear(x, qs[i]) for i in range(len(qs))]}
             errs = {}
-            for t, lib in libs.items():
+            for t, b in libs.items():
                 y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                xa_linear(lib, t, x, q, y=y)
+                xa_linear(b, x, q, y=y)
                 errs[t], finite = err_ratio(y, x, q)
                 assert finite and errs[t] <= 1.1, (model, layer, m, t, errs[t])
-                prov[f"xa{t}"] = [lambda i=i, lib=lib, t=t: xa_linear(lib, t, x, qs[i]) for i in range(len(qs))]
+                prov[t] = [lambda i=i, b=b: xa_linear(b, x, qs[i]) for i in range(len(qs))]
             tm = time_graphs(prov, per_graph=20, replays=10)
             row = dict(model=model, layer=layer, N=n, K=k, M=m, nf4_mb=q.nbytes() / 1e6,
                        **{f"{name}_us": v["median_us"] for name, v in tm.items()},
-                       **{f"err_xa{t}": e for t, e in errs.items()},
-                       **{f"plan_xa{t}": plan(n, k, t, torch.cuda.get_device_properties(0).multi_processor_count * 16)
-                          for t in libs})
+                       **{f"err_{t}": e for t, e in errs.items()},
+                       **{f"plan_{t}": plan(n, k, b.tiles, b.warps_resident) for t, b in libs.items()})
             rows.append(row)
             c = row["cublas_us"]
             print(f"{model[:6]:6s} {layer:8s} M {m:2d} {row['nf4_mb']:6.1f} MB | cuBLAS {c:7.1f} | fastnf4 "
                   f"{row['fastnf4_us']:7.1f} ({c / row['fastnf4_us']:.2f}) | "
-                  + " ".join(f"xa{t} {row[f'xa{t}_us']:7.1f} ({c / row[f'xa{t}_us']:.2f}, e{errs[t]:.2f})"
-                             for t in libs), flush=True)
+                  + " ".join(f"{t} {row[f'{t}_us']:6.1f} ({c / row[f'{t}_us']:.2f})" for t in libs), flush=True)
         del qs, ws
         torch.cuda.empty_cache()
     if out:
-        json.dump({"env": environment(), "rows": rows}, open(out[0], "w"), indent=1)
+        json.dump({"env": environment(), "builds": {t: b.flags for t, b in libs.items()}, "rows": rows},
+                  open(out[0], "w"), indent=1)
 
 
 if __name__ == "__main__":
