@@ -1,0 +1,83 @@
+"""The weights of >= 8 MB that lose to bf16 cuBLAS at M = 8-32 (Gemma q / o / qkv / gate+up, Qwen q / qkv): every
+kernel and split plan the package has for them, timed against cuBLAS and the production dispatch in one interleaved
+graph timing (``harness.time_graphs``): the wgmma kernel with K split into s parts (every row tile), with the first
+``full`` row tiles whole and the rest split (the tail plan), and the mma GEMM kernel (gemv_mma.cu) with its plan and
+with forced splits. Each variant is first checked on fresh data with a poisoned output (error against a float64
+product with the dequantized weight within 2x cuBLAS's, the issue's budget for these rounded-code kernels).
+usage: python benchmarks/probe_small_m_plans.py [JSON]"""
+import json
+import sys
+
+import torch
+
+import fastnf4
+from fastnf4.api import linear_args
+from fastnf4.bench.common import clone_weight
+from fastnf4.bench.harness import environment, rotation_count, time_graphs
+from fastnf4.ops.matmul import gemv_mma, wgmma
+
+WEIGHTS = [("gemma q", 4096, 5376), ("gemma o", 5376, 4096), ("gemma qkv", 8192, 5376),
+           ("gemma gate+up", 21504, 5376), ("qwen q", 8192, 5120), ("qwen qkv", 10240, 5120)]
+
+
+def variants(n, k, m):
+    tiles = -(-n // 128)
+    out = {}
+    for s in (1, 2, 3, 4, 5, 6, 8, 10, 12):
+        out[f"wg s{s}"] = dict(kind="wgmma", splits=s)
+    for full in (tiles // 2, (2 * tiles) // 3, tiles - tiles // 4):
+        for s in (2, 3, 4, 6):
+            if 0 < full < tiles:
+                out[f"wg f{full} s{s}"] = dict(kind="wgmma", splits=s, full_tiles=full)
+    out["mma"] = dict(kind="mma")
+    slices = -(-k // gemv_mma.SLICE)
+    for s in (1, 2, 3, 4, 6, 8):
+        per = -(-slices // s)
+        out[f"mma s{s}"] = dict(kind="mma", splits=(-(-slices // per), per))
+    return out
+
+
+def run(v, x, q, y=None):
+    if v["kind"] == "wgmma":
+        return wgmma.launch(x, *linear_args(q), y=y, splits=v["splits"], full_tiles=v.get("full_tiles"))
+    return gemv_mma.launch(x, *linear_args(q), y=y, splits=v.get("splits"))
+
+
+def main():
+    rows = []
+    torch.manual_seed(0)
+    for name, n, k in WEIGHTS:
+        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+        q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+        qs = [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)]
+        ws = [w] + [w.clone() for _ in range(rotation_count(n * k * 2) - 1)]
+        wd = fastnf4.dequantize(q)
+        for m in (8, 16, 32):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            ref = x.double() @ wd.double().T
+            rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+            base = rel(x @ wd.T)
+            prov = {"cublas": [lambda i=i: x @ ws[i].T for i in range(len(ws))],
+                    "fastnf4": [lambda i=i: fastnf4.linear(x, qs[i]) for i in range(len(qs))]}
+            errs = {}
+            for vname, v in variants(n, k, m).items():
+                y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                run(v, x, q, y)
+                errs[vname] = rel(y) / base
+                assert torch.isfinite(y).all() and errs[vname] <= 2.0, (name, m, vname, errs[vname])
+                prov[vname] = [lambda i=i, v=v: run(v, x, qs[i]) for i in range(len(qs))]
+            t = time_graphs(prov, per_graph=20, replays=10)
+            us = {p: r["median_us"] for p, r in t.items()}
+            best = min((p for p in us if p not in ("cublas", "fastnf4")), key=us.get)
+            rows.append(dict(name=name, N=n, K=k, M=m, us=us, err=errs, best=best))
+            print(f"{name:14s} M {m:2d} cuBLAS {us['cublas']:6.1f} fastnf4 {us['fastnf4']:6.1f} best {best} "
+                  f"{us[best]:6.1f} ({us['cublas'] / us[best]:.2f}x cuBLAS) | "
+                  + " ".join(f"{p}:{v:.1f}" for p, v in sorted(us.items(), key=lambda kv: kv[1])[:6]), flush=True)
+        del qs, ws, wd
+        torch.cuda.empty_cache()
+    if len(sys.argv) > 1:
+        json.dump({"env": environment(), "rows": rows}, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
