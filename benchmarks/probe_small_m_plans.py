@@ -4,7 +4,8 @@ graph timing (``harness.time_graphs``): the wgmma kernel with K split into s par
 ``full`` row tiles whole and the rest split (the tail plan), and the mma GEMM kernel (gemv_mma.cu) with its plan and
 with forced splits. Each variant is first checked on fresh data with a poisoned output (error against a float64
 product with the dequantized weight within 2x cuBLAS's, the issue's budget for these rounded-code kernels).
-usage: python benchmarks/probe_small_m_plans.py [JSON]"""
+``--all``: every model weight of >= 8 MB with the kernels' own plans and the one-wave tail plans (dispatch at M 8-32).
+usage: python benchmarks/probe_small_m_plans.py [--all] [JSON]"""
 import json
 import sys
 
@@ -15,26 +16,46 @@ from fastnf4.api import linear_args
 from fastnf4.bench.common import clone_weight
 from fastnf4.bench.harness import environment, rotation_count, time_graphs
 from fastnf4.ops.matmul import gemv_mma, wgmma
+from probe_weights import model_weights
 
 WEIGHTS = [("gemma q", 4096, 5376), ("gemma o", 5376, 4096), ("gemma qkv", 8192, 5376),
            ("gemma gate+up", 21504, 5376), ("qwen q", 8192, 5120), ("qwen qkv", 10240, 5120)]
 
 
-def variants(n, k, m):
+def variants(n, k, m, wide=True):
+    """Every forced plan (``wide``), or (``--all``) the two kernels' own plans plus, where the row tiles fill more than
+    half of the 264 two-block slots but not all of them, the tail plans that fill one wave with s = 2 / 3 / 4."""
     tiles = -(-n // 128)
-    out = {}
+    out = {"wg": dict(kind="wgmma", splits=None), "mma": dict(kind="mma")}
+    if not wide:
+        slots = 264
+        if slots // 2 < tiles < slots:
+            for s in (2, 3, 4):
+                full = max(0, min(tiles - 1, -(-(s * tiles - slots) // (s - 1))))
+                out[f"wg f{full} s{s}"] = dict(kind="wgmma", splits=s, full_tiles=full)
+        return out
     for s in (1, 2, 3, 4, 5, 6, 8, 10, 12):
         out[f"wg s{s}"] = dict(kind="wgmma", splits=s)
     for full in (tiles // 2, (2 * tiles) // 3, tiles - tiles // 4):
         for s in (2, 3, 4, 6):
             if 0 < full < tiles:
                 out[f"wg f{full} s{s}"] = dict(kind="wgmma", splits=s, full_tiles=full)
-    out["mma"] = dict(kind="mma")
     slices = -(-k // gemv_mma.SLICE)
     for s in (1, 2, 3, 4, 6, 8):
         per = -(-slices // s)
         out[f"mma s{s}"] = dict(kind="mma", splits=(-(-slices // per), per))
     return out
+
+
+def weights(every: bool):
+    """(name, n, k, w, q): the losing weights above, or (``--all``) every model weight of >= 8 MB."""
+    if every:
+        for model, layer, n, k, w, q in model_weights():
+            yield f"{model[:6]} {layer}", n, k, w, q
+        return
+    for name, n, k in WEIGHTS:
+        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+        yield name, n, k, w, fastnf4.quantize(w, blocksize=64, double_quant=True)
 
 
 def run(v, x, q, y=None):
@@ -46,9 +67,8 @@ def run(v, x, q, y=None):
 def main():
     rows = []
     torch.manual_seed(0)
-    for name, n, k in WEIGHTS:
-        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-        q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+    every = "--all" in sys.argv
+    for name, n, k, w, q in weights(every):
         qs = [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)]
         ws = [w] + [w.clone() for _ in range(rotation_count(n * k * 2) - 1)]
         wd = fastnf4.dequantize(q)
@@ -60,7 +80,7 @@ def main():
             prov = {"cublas": [lambda i=i: x @ ws[i].T for i in range(len(ws))],
                     "fastnf4": [lambda i=i: fastnf4.linear(x, qs[i]) for i in range(len(qs))]}
             errs = {}
-            for vname, v in variants(n, k, m).items():
+            for vname, v in variants(n, k, m, wide=not every).items():
                 y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
                 run(v, x, q, y)
                 errs[vname] = rel(y) / base
@@ -75,8 +95,9 @@ def main():
                   + " ".join(f"{p}:{v:.1f}" for p, v in sorted(us.items(), key=lambda kv: kv[1])[:6]), flush=True)
         del qs, ws, wd
         torch.cuda.empty_cache()
-    if len(sys.argv) > 1:
-        json.dump({"env": environment(), "rows": rows}, open(sys.argv[1], "w"), indent=1)
+    out = [a for a in sys.argv[1:] if a.endswith(".json")]
+    if out:
+        json.dump({"env": environment(), "rows": rows}, open(out[0], "w"), indent=1)
 
 
 if __name__ == "__main__":
