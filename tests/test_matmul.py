@@ -89,13 +89,10 @@ def test_wgmma_dispatch_on_model_shapes():
     assert taken[1] == taken[2] == [] and taken[513] == taken[2048] == []
     # M 3-8 (probe_wgmma.py --tiny): Qwen o, Gemma q / o and Llama gate+up; the GEMM kernel keeps the rest
     assert set(taken[3]) == set(taken[8]) == {(5120, 8192), (4096, 5376), (5376, 4096), (28672, 8192)}
-    # M 9-32 (probe_wgmma.py --small): at M 9-16 Qwen o / down, Gemma q / o and the widest weights (N >= 20480); the
-    # GEMM kernel keeps N = 8192-10240 (Llama q+o / qkv, Qwen q / qkv, Gemma qkv) and Llama / Gemma down; at M 17-32
-    # every weight of >= 20M elements
-    m16 = {(5120, 8192), (5120, 25600), (4096, 5376), (5376, 4096), (28672, 8192), (57344, 8192), (25600, 5120),
-           (51200, 5120), (21504, 5376), (43008, 5376)}
-    assert set(taken[9]) == set(taken[16]) == m16
-    assert set(taken[17]) == set(taken[32]) == {(n, k) for _, _, n, k in model_shapes() if n * k >= 20 * 2**20}
+    # M 9-32 (probe_small_m_plans.py --all, session 17; at M 17-32 probe_wgmma.py --small before): every weight of
+    # >= 20M elements
+    big = {(n, k) for _, _, n, k in model_shapes() if n * k >= 20 * 2**20}
+    assert set(taken[9]) == set(taken[16]) == set(taken[17]) == set(taken[32]) == big
     assert taken[33] == taken[64]
     assert (4096, 5376) not in taken[64] and (5376, 4096) not in taken[64]  # Gemma q / o lost at M = 64
     assert {(8192, 5120), (5120, 8192), (10240, 8192), (8192, 5376)} <= set(taken[64])
@@ -142,8 +139,11 @@ def test_wgmma_plan_covers_k(m, n, k):
     one_plan = (*one, 0 if one[0] > 1 else n_tiles)
     if (s, per, full) == one_plan:  # the one-wave plan: every tile split alike, in one wave
         assert s == 1 or (tiles < slots and s * tiles <= slots + slots // 16)
-    else:  # a tail plan: one block per SM only, and only where the model saves >= 8%
-        assert blocks == 1
+    elif blocks == 2:  # two blocks per SM: the 2-part tail that fills exactly one wave, where tiles fill the slots
+        assert slots // 2 < tiles <= wgmma.TWO_BLOCK_TAIL_MAX_FILL * slots and one_plan[0] == 1
+        assert bm <= wgmma.TWO_BLOCK_TAIL_MAX_BM
+        assert s == 2 and full + 2 * (n_tiles - full) == slots
+    else:  # a tail plan with one block per SM: only where the model saves >= 8%
         base = wgmma._cost(m_tiles, n_tiles, one_plan[2], *one, steps, slots, m)
         assert wgmma._cost(m_tiles, n_tiles, full, s, per, steps, slots, m) < wgmma.TAIL_GAIN * base
 
@@ -156,7 +156,12 @@ def test_wgmma_tail_plan_fills_the_last_wave():
     assert wgmma._makespan([(264, 10)], 132) == 20 and wgmma._makespan([(132, 10), (100, 3)], 132) == 13
     assert wgmma._makespan([(133, 10)], 132) == 20
     assert wgmma.plan(128, 21504, 5376, 132, 128, 1) == (3, 28, 132)
-    assert wgmma.plan(128, 21504, 5376, 264, 64, 2)[2] in (0, 168)  # two blocks per SM: one-wave plan only
+    # two blocks per SM (BM <= 64): 168 tiles fill 64% of the 264 slots: 72 whole, 96 in 2 parts (one wave); 200
+    # tiles (76%) and 132 or fewer (the one-wave plan splits them all) stay as they were
+    assert wgmma.plan(16, 21504, 5376, 264, 16, 2) == (2, 44, 72)
+    assert wgmma.plan(32, 25600, 5120, 264, 32, 2) == (1, 80, 200)
+    assert wgmma.plan(16, 8192, 5120, 264, 16, 2) == (4, 20, 0)
+    assert wgmma.plan(64, 21504, 5376, 264, 64, 2) == (1, 84, 168)  # BM 64: not measured, the one-wave plan
 
 
 def test_wgmma_not_supported_off_hopper():

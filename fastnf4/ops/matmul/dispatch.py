@@ -97,12 +97,12 @@ def mma_wanted(m: int, n: int) -> bool:
 # (results/h200-probe-wgmma-small-fast.json, graph timing, us, wgmma vs GEMM kernel):
 # - M 17-32: wgmma won on all 17 weights of >= 20M elements (closest: Llama down 112.7 vs 119.0 at M 24, Llama qkv
 #   49.4 vs 56.3, Gemma down 65.3 vs 70.4; widest: Qwen gate_up 118.8 vs 240.3 at M 32).
-# - M 9-16: wgmma won on the widest (N >= 20480: Llama gate+up 101.9 vs 148.4, gate_up 180.2 vs 192.4, Qwen gate+up /
-#   gate_up 66.7 / 112.1 vs 74.7 / 143.1, Gemma gate_up 94.4 vs 109.4, Gemma gate+up 57.2 vs 57.9), the narrow
-#   shallow ones (N <= 6144 and K <= 8192: Qwen o 24.0 vs 42.1, Gemma q / o 17.3 / 17.9 vs 22.2 / 21.9) and Qwen down
-#   (N = 5120: 60.8 vs 70.8); the GEMM kernel kept N = 8192-10240 (Llama q+o 32.5 vs 37.1, Llama qkv 42.8 vs 46.7, Qwen
-#   q / qkv 25.0 / 31.2 vs 28.5 / 32.8, Gemma qkv 26.1 vs 25.9: a tie) and the deep downs of N >= 5376 (Llama down
-#   89.1 vs 105.0, Gemma down 53.8 vs 62.2).
+# - M 9-16: since session 17 every weight of >= 20M elements, as at M 17-32. benchmarks/probe_small_m_plans.py --all
+#   at fd82be3 (results/h200-probe-small-m-dispatch.json; both kernels with their own plans, interleaved graph timing
+#   with cuBLAS, M = 16): wgmma won on all 17 weights, also on the ones the GEMM kernel had kept before: Llama q+o 28.9
+#   vs 31.7 us, Llama qkv 37.1 vs 42.2, Qwen q / qkv 20.2 / 25.3 vs 24.4 / 30.5 (cuBLAS 22.4 / 28.0), Gemma qkv 23.0
+#   vs 25.5, Llama down 82.3 vs 85.9, Gemma down 44.5 vs 52.5. (Session 10-11's probe, before the one-wave split plan
+#   and the split sum as a programmatic dependent, had the GEMM kernel ahead on N = 8192-10240 and the deep downs.)
 # - M 3-8 (probe_wgmma.py --tiny at e99ab7b, BM 16, results/h200-probe-wgmma-tiny.json, wgmma vs GEMM kernel at
 #   M 3 / 8): wgmma won on the narrow shallow weights (N <= 6144 and K <= 8192: Qwen o 21.3 / 21.4 vs 26.5 / 30.8,
 #   Gemma q 14.9 / 14.9 vs 15.7 / 17.4, Gemma o 15.2 / 15.3 vs 15.5 / 17.4) and on Llama gate+up (92.1 / 91.6 vs
@@ -117,7 +117,7 @@ _ANY = 1 << 62
 WGMMA_RULES = (
     (2, ()),
     (8, ((20 * 2**20, 0, 6144, 8192), (200 * 2**20, 16384, 32768, _ANY))),
-    (16, ((20 * 2**20, 0, 5120, _ANY), (20 * 2**20, 0, 6144, 8192), (20 * 2**20, 20480, _ANY, _ANY))),
+    (16, ((20 * 2**20, 0, _ANY, _ANY),)),
     (32, ((20 * 2**20, 0, _ANY, _ANY),)),
     (64, ((32 * 2**20, 0, _ANY, _ANY),)),
     (128, ((20 * 2**20, 0, _ANY, _ANY),)),

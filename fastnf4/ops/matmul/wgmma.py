@@ -142,20 +142,40 @@ def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: i
     return t
 
 
+# Two resident blocks per SM (BM <= 64) with more row tiles than SMs but at most this share of the 2-block slots: the
+# one-wave plan cannot split K (two splits would overfill the wave), so a third of the SMs or more would run one block
+# while the rest run two. Then the first 2 tiles - slots row tiles run whole and the others in 2 parts, exactly one
+# wave. H200 (benchmarks/probe_small_m_plans.py, results/h200-probe-small-m-plans.json and -dispatch.json, interleaved
+# graph timing): Gemma gate+up (168 tiles on 264 slots) at M = 16 50.1 us (its other tail plans of 2 parts 49.2-49.7
+# in the first run) against 60.0 unsplit, at M = 32 52.7 against 63.2; Qwen gate+up (200 tiles) and Llama gate+up (224)
+# were faster unsplit (57.6 vs 59.2, 91.9 vs 93.9 us at M = 8-16), hence the bound between 168 / 264 and 200 / 264.
+TWO_BLOCK_TAIL_MAX_FILL = 0.7
+TWO_BLOCK_TAIL_MAX_BM = 32  # measured at M 9-32 (BM 16 / 32); BM 64 (M 33-64) keeps the one-wave plan: not measured
+
+
 @functools.lru_cache(maxsize=4096)
 def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) -> tuple[int, int, int]:
     """(splits, steps per split, full tiles): the first ``full tiles`` weight row tiles run whole, the others
     (the tail) in ``splits`` parts over K (wgmma.cu: whole tiles first, the short split blocks fill the last wave).
 
-    With two resident blocks per SM (BM <= 64) the one-wave plan (``_one_wave``; every tile split alike, or none).
-    With one (BM 128 / 256), whichever of that and the tail plans the model above says is fastest, the tail only
-    where it saves >= 8%: e.g. Gemma gate+up (168 tiles) at M = 128 runs 132 tiles whole and 36 in 3 parts, one wave
-    and a third instead of two waves; Qwen gate_up (400 tiles) runs 396 whole and 4 in 10 parts instead of 4 waves."""
+    With two resident blocks per SM (BM <= 64) the one-wave plan (``_one_wave``; every tile split alike, or none),
+    except at BM <= TWO_BLOCK_TAIL_MAX_BM where the tiles fill more than half the slots and at most
+    TWO_BLOCK_TAIL_MAX_FILL of them: the last tiles in 2 parts, one wave in all (Gemma gate+up at M 9-32: 72 tiles
+    whole, 96 in 2 parts).
+    With one (BM 128 / 256), whichever of the one-wave and the tail plans the model above says is fastest, the tail
+    only where it saves >= 8%: e.g. Gemma gate+up (168 tiles) at M = 128 runs 132 tiles whole and 36 in 3 parts, one
+    wave and a third instead of two waves; Qwen gate_up (400 tiles) runs 396 whole and 4 in 10 parts instead of 4
+    waves."""
     steps = k // STEP
     m_tiles, n_tiles = -(-m // bm), -(-n // ROWS)
     s, per = _one_wave(m_tiles * n_tiles, steps, slots)
     base = (s, per, 0 if s > 1 else n_tiles)
     if blocks_per_sm != 1:
+        if (s == 1 and m_tiles == 1 and bm <= TWO_BLOCK_TAIL_MAX_BM
+                and slots // 2 < n_tiles <= TWO_BLOCK_TAIL_MAX_FILL * slots and steps >= 16):
+            s2, per2 = _split_steps(steps, 2)
+            if s2 == 2:
+                return 2, per2, 2 * n_tiles - slots
         return base
     best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m)
     limit = best_cost * TAIL_GAIN
