@@ -142,10 +142,13 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
-# decode kernel at M = 1 pays more per split (float32 partial sums, the settle, a statistics phase per work item).
+# decode kernel (M <= 2) pays more per split (float32 partial sums, the settle, a statistics phase per work item).
 # H200, session 16 (benchmarks/probe_decode.py, every split count 1-16 on 12 weights of 21-242 MB, NOTES.md): with
 # 0.03 the plan takes the fastest split or one within 3% on all 12; with 0.01 it took 7 splits for Llama gate+up
-# (28672 x 8192: 59.5 us against 52.5 without split-K) and 5 for Qwen gate_up (63.0 against 61.8 with 3).
+# (28672 x 8192: 59.5 us against 52.5 without split-K) and 5 for Qwen gate_up (63.0 against 61.8 with 3). At M = 2
+# (session 17, FASTNF4_PROBE_M=2, 13 weights): 0.03 changes four plans, each to a faster one (Llama gate+up 7 -> 1
+# splits: 61.4 -> 55.1 us, Qwen o 13 -> 6: 19.0 -> 17.3, Qwen gate_up 5 -> 3: 64.5 -> 63.2, Qwen down 13 -> 6: 33.8 ->
+# 33.6) and keeps the other nine.
 SPLIT_COST = 0.01
 DECODE_SPLIT_COST = 0.03
 
@@ -208,7 +211,7 @@ class Prepared:
         rows = lib.rows[v]
         # the decode kernel's workers are warps (one 16-row item each), the GEMM kernel's are blocks
         per_block = lib.warps[v] if rows == 16 else 1
-        cost = DECODE_SPLIT_COST if m == 1 and v in (0, DECODE_WIDE) else SPLIT_COST
+        cost = DECODE_SPLIT_COST if m <= 2 and v in (0, DECODE_WIDE) else SPLIT_COST
         s, per = splits or plan(m, n, k, sms * occ * per_block,
                                 allow_split=counters is not None and tiles <= _COUNTERS, rows=rows, split_cost=cost)
         per = max(1, min(int(per), -(-k // SLICE)))
