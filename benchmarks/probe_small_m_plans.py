@@ -5,7 +5,8 @@ graph timing (``harness.time_graphs``): the wgmma kernel with K split into s par
 with forced splits. Each variant is first checked on fresh data with a poisoned output (error against a float64
 product with the dequantized weight within 2x cuBLAS's, the issue's budget for these rounded-code kernels).
 ``--all``: every model weight of >= 8 MB with the kernels' own plans and the one-wave tail plans (dispatch at M 8-32).
-usage: python benchmarks/probe_small_m_plans.py [--all] [JSON]"""
+``--m 8,16,32`` the rows of x, ``--only "gemma o,gemma qkv"`` some of the six weights; at M > 16 also two 16-row x tiles.
+usage: python benchmarks/probe_small_m_plans.py [--all] [--m ...] [--only ...] [JSON]"""
 import json
 import sys
 
@@ -18,6 +19,8 @@ from fastnf4.bench.harness import environment, rotation_count, time_graphs
 from fastnf4.ops.matmul import gemv_mma, wgmma
 from probe_weights import model_weights
 
+MS = [int(v) for v in sys.argv[sys.argv.index("--m") + 1].split(",")] if "--m" in sys.argv else [8, 16, 32]
+ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
 WEIGHTS = [("gemma q", 4096, 5376), ("gemma o", 5376, 4096), ("gemma qkv", 8192, 5376),
            ("gemma gate+up", 21504, 5376), ("qwen q", 8192, 5120), ("qwen qkv", 10240, 5120)]
 
@@ -36,6 +39,8 @@ def variants(n, k, m, wide=True):
         return out
     for s in (1, 2, 3, 4, 5, 6, 8, 10, 12):
         out[f"wg s{s}"] = dict(kind="wgmma", splits=s)
+        if m > 16:  # two 16-row x tiles instead of one of 32
+            out[f"wg bm16 s{s}"] = dict(kind="wgmma", splits=s, bm=16)
     for full in (tiles // 2, (2 * tiles) // 3, tiles - tiles // 4):
         for s in (2, 3, 4, 6):
             if 0 < full < tiles:
@@ -54,13 +59,16 @@ def weights(every: bool):
             yield f"{model[:6]} {layer}", n, k, w, q
         return
     for name, n, k in WEIGHTS:
+        if ONLY and name not in ONLY:
+            continue
         w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
         yield name, n, k, w, fastnf4.quantize(w, blocksize=64, double_quant=True)
 
 
 def run(v, x, q, y=None):
     if v["kind"] == "wgmma":
-        return wgmma.launch(x, *linear_args(q), y=y, splits=v["splits"], full_tiles=v.get("full_tiles"))
+        return wgmma.launch(x, *linear_args(q), y=y, splits=v["splits"], full_tiles=v.get("full_tiles"),
+                            bm=v.get("bm"))
     return gemv_mma.launch(x, *linear_args(q), y=y, splits=v.get("splits"))
 
 
@@ -72,7 +80,7 @@ def main():
         qs = [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)]
         ws = [w] + [w.clone() for _ in range(rotation_count(n * k * 2) - 1)]
         wd = fastnf4.dequantize(q)
-        for m in (8, 16, 32):
+        for m in MS:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             ref = x.double() @ wd.double().T
             rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
