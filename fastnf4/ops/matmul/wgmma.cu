@@ -609,6 +609,51 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   // rounded-code decode: this step's product (its own accumulator), scaled and added after the wgmma
   float part[kFast ? kAcc : 1];
 
+#if defined(FASTNF4_WG_UNROLL2)  // experiment: two steps per iteration, the fragment arrays swapped (no copy)
+  // one K step: its wgmma on the fragments ``cur`` (absmax ca / cb), the next step's decode into ``nxt`` (na / nb)
+  auto step = [&](int i, uint32_t (&cur)[16], uint32_t (&nxt)[16], float ca, float cb, float& na, float& nb) {
+    wait_x(i);
+    if constexpr (kFast) {
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) part[r] = 0.f;
+      fence_acc(part);
+    }
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if constexpr (kFast) {
+        Wgmma<T, BM>::run(part, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
+                          desc_sw128(x_stage(i) + 32 * s));
+      } else {
+        Wgmma<T, BM>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
+                          desc_sw128(x_stage(i) + 32 * s));
+      }
+    }
+    wgmma_commit();
+    fence_acc(acc);
+    if constexpr (kFast) fence_acc(part);
+    if (i + 1 < nsteps) {
+      cp_async_wait<kWStages - 2>();
+      __syncthreads();
+      load_group(i + kWStages);
+      cp_async_commit();
+      decode(i + 1, nxt, na, nb);  // overlaps step i's wgmma
+    }
+    wgmma_wait<0>();
+    if constexpr (kFast) {
+      fence_acc(part);
+#pragma unroll
+      for (int r = 0; r < kAcc; ++r) acc[r] = fmaf((r & 2) ? cb : ca, part[r], acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");  // alive until the wgmma is done
+  };
+  for (int i = 0; i < nsteps; i += 2) {
+    step(i, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+    if (i + 1 < nsteps) step(i + 1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+  }
+#else
   for (int i = 0; i < nsteps; ++i) {
     wait_x(i);
     if constexpr (kFast) {
@@ -663,6 +708,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       fa[r] = fb[r];
     }
   }
+#endif
   fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();
