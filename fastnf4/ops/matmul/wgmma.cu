@@ -103,6 +103,17 @@ constexpr int kFastMaxBM = FASTNF4_WG_FAST_MAX_BM;
 constexpr int kFastMaxBM = 32;
 #endif
 
+// Variants with BM <= kUnroll2MaxBM run two K steps per loop iteration, the two fragment arrays trading roles (one
+// decoded while the other feeds the wgmma) instead of the decoded fragments being copied every step. H200
+// (benchmarks/probe_wgmma_build.py -DFASTNF4_WG_UNROLL2 against the one-step loop, NOTES.md session 17): 4-8% faster on
+// all 17 model weights of >= 8 MB at M = 16 (two rounds: Llama gate_up 179.2 -> 168.0 us, Gemma o 15.2 -> 14.5), 2-4% at
+// M = 32; at M = 128 -4% to +3.5% (Llama down 149.2 -> 154.4), so BM >= 64 keeps the one-step loop.
+#if defined(FASTNF4_WG_UNROLL2_MAX_BM)  // experiments
+constexpr int kUnroll2MaxBM = FASTNF4_WG_UNROLL2_MAX_BM;
+#else
+constexpr int kUnroll2MaxBM = 32;
+#endif
+
 // Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
 // chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
 // instead of one per step (H200: the per-step statistics copies cost 10-26% of the kernel's time); a ring of
@@ -419,6 +430,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   using C = Cfg<BM>;
   const Params& p = kp.p;
   constexpr int kAcc = BM / 2, kXStages = C::kXStages;
+  constexpr bool kUnroll2 = BM <= kUnroll2MaxBM;
   // prefetch distances in steps: x is issued kXD steps before its wgmma, the weights and statistics kWD before
   // their decode; copy group u (one per step) carries the weights of step u and the x tile of step u - kLag
   constexpr int kXD = kXStages - 1, kLag = kWStages - kXD;
@@ -609,52 +621,8 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   // rounded-code decode: this step's product (its own accumulator), scaled and added after the wgmma
   float part[kFast ? kAcc : 1];
 
-#if defined(FASTNF4_WG_UNROLL2)  // experiment: two steps per iteration, the fragment arrays swapped (no copy)
   // one K step: its wgmma on the fragments ``cur`` (absmax ca / cb), the next step's decode into ``nxt`` (na / nb)
   auto step = [&](int i, uint32_t (&cur)[16], uint32_t (&nxt)[16], float ca, float cb, float& na, float& nb) {
-    wait_x(i);
-    if constexpr (kFast) {
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) part[r] = 0.f;
-      fence_acc(part);
-    }
-    fence_acc(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      if constexpr (kFast) {
-        Wgmma<T, BM>::run(part, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
-                          desc_sw128(x_stage(i) + 32 * s));
-      } else {
-        Wgmma<T, BM>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
-                          desc_sw128(x_stage(i) + 32 * s));
-      }
-    }
-    wgmma_commit();
-    fence_acc(acc);
-    if constexpr (kFast) fence_acc(part);
-    if (i + 1 < nsteps) {
-      cp_async_wait<kWStages - 2>();
-      __syncthreads();
-      load_group(i + kWStages);
-      cp_async_commit();
-      decode(i + 1, nxt, na, nb);  // overlaps step i's wgmma
-    }
-    wgmma_wait<0>();
-    if constexpr (kFast) {
-      fence_acc(part);
-#pragma unroll
-      for (int r = 0; r < kAcc; ++r) acc[r] = fmaf((r & 2) ? cb : ca, part[r], acc[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");  // alive until the wgmma is done
-  };
-  for (int i = 0; i < nsteps; i += 2) {
-    step(i, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
-    if (i + 1 < nsteps) step(i + 1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
-  }
-#else
-  for (int i = 0; i < nsteps; ++i) {
     wait_x(i);
     if constexpr (kFast) {
 #pragma unroll
@@ -667,48 +635,57 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       if constexpr (kFast) {
-        Wgmma<T, BM>::run(part, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3],
+        Wgmma<T, BM>::run(part, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
                           desc_sw128(x_stage(i) + 32 * s));
       } else {
-        Wgmma<T, BM>::run(acc, fa[4 * s], fa[4 * s + 1], fa[4 * s + 2], fa[4 * s + 3],
+        Wgmma<T, BM>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
                           desc_sw128(x_stage(i) + 32 * s));
       }
     }
 #else
 #pragma unroll
-    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(fa[r]);
+    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(cur[r]);
 #endif
     wgmma_commit();
     fence_acc(acc);
     if constexpr (kFast) fence_acc(part);
     if (i + 1 < nsteps) {
       // group i + 1 (the weights of step i + 1) landed. The barrier also means every warpgroup finished step
-      // i - 1's wgmma (waited for at the end of the previous iteration) and step i's decode, so x stage (i - 1)
-      // and weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
+      // i - 1's wgmma (waited for at the end of the previous step) and step i's decode, so x stage (i - 1) and
+      // weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
       // step i + kXD goes with it.
       cp_async_wait<kWStages - 2>();
       __syncthreads();
       load_group(i + kWStages);
       cp_async_commit();
-      decode(i + 1, fb, sa_next, sb_next);  // overlaps step i's wgmma
+      decode(i + 1, nxt, na, nb);  // overlaps step i's wgmma
     }
     wgmma_wait<0>();
     if constexpr (kFast) {
       fence_acc(part);  // the step's product is complete only after the wait
 #pragma unroll
-      for (int r = 0; r < kAcc; ++r) acc[r] = fmaf((r & 2) ? sb_cur : sa_cur, part[r], acc[r]);
+      for (int r = 0; r < kAcc; ++r) acc[r] = fmaf((r & 2) ? cb : ca, part[r], acc[r]);
     }
-    sa_cur = sa_next;
-    sb_cur = sb_next;
     // wgmma reads its A registers asynchronously: keep this step's fragments alive (unchanged) until here, so the
     // next step's decode cannot be given the same registers
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      asm volatile("" ::"r"(fa[r]) : "memory");
-      fa[r] = fb[r];
+    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");
+  };
+  if constexpr (kUnroll2) {
+    // two steps per iteration, the fragment arrays trading roles instead of being copied
+    for (int i = 0; i < nsteps; i += 2) {
+      step(i, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      if (i + 1 < nsteps) step(i + 1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+    }
+  } else {
+    for (int i = 0; i < nsteps; ++i) {
+      step(i, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      sa_cur = sa_next;
+      sb_cur = sb_next;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) fa[r] = fb[r];
     }
   }
-#endif
   fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();
