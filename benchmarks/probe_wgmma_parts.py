@@ -1,8 +1,9 @@
 """Where the wgmma kernel's time goes: graph timing of a few shapes for one build (FASTNF4_NVCC_FLAGS selects
 diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA,
 -DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_WSTAGES=n, -DFASTNF4_WG_XSTAGES=n), against bf16 cuBLAS in the same process.
--DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n). --small: M 16 / 32 / 64 on eight weights only.
-usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON] [--small]"""
+-DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n), -DFASTNF4_WG_NO_SYNC (no block barrier per step).
+--small: M 16 / 32 / 64 on eight weights only; --ms 16,32 keeps those M of --small.
+usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON] [--small] [--ms LIST]"""
 import json
 import os
 import sys
@@ -18,6 +19,11 @@ from fastnf4.ops.matmul import wgmma
 SMALL = "--small" in sys.argv
 if SMALL:
     sys.argv.remove("--small")
+MS = (16, 32, 64)
+if "--ms" in sys.argv:
+    at = sys.argv.index("--ms")
+    MS = tuple(int(v) for v in sys.argv[at + 1].split(","))
+    del sys.argv[at:at + 2]
 label = sys.argv[1]
 rows = []
 SHAPES = ((57344, 8192, 16, 16), (5120, 25600, 32, 32), (51200, 5120, 32, 32), (5120, 8192, 16, 16),
@@ -25,7 +31,7 @@ SHAPES = ((57344, 8192, 16, 16), (5120, 25600, 32, 32), (51200, 5120, 32, 32), (
           (57344, 8192, 512, 256), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
           (5120, 8192, 128, 128), (57344, 8192, 256, 128), (57344, 8192, 512, 128))
 if SMALL:
-    SHAPES = tuple((n, k, m, m) for m in (16, 32, 64) for n, k in (
+    SHAPES = tuple((n, k, m, m) for m in MS for n, k in (
         (57344, 8192), (8192, 28672), (8192, 8192), (10240, 5120), (5120, 25600), (8192, 5376), (5376, 4096),
         (21504, 5376)))
 for n, k, m, bm in SHAPES:

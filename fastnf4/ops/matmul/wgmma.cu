@@ -118,7 +118,17 @@ constexpr int kUnroll2MaxBM = 32;
 // chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
 // instead of one per step (H200: the per-step statistics copies cost 10-26% of the kernel's time); a ring of
 // three 2 KiB slots (row r: float chunk at 16 r; nested: code word at 4 r, nested absmax at 512 + 4 r).
-constexpr int kQuadSlots = 3, kQuadBytes = 2048;
+constexpr int kQuadBytes = 2048;
+
+// Variants with BM <= kTrimMaxBM keep the per-step bookkeeping off the issue slots: the weight ring slot is carried
+// from step to step instead of taken modulo kWStages, the statistics quads have 4 slots (a mask, not a modulo by
+// 3), the x tile descriptors are one add from a base worked out once, and the weight copy source is a base pointer
+// plus 32 bytes per step. Same data, same arithmetic: only the instructions that find it change.
+#if defined(FASTNF4_WG_TRIM_MAX_BM)  // experiments
+constexpr int kTrimMaxBM = FASTNF4_WG_TRIM_MAX_BM;
+#else
+constexpr int kTrimMaxBM = 32;
+#endif
 
 template <int BM> struct Cfg {
   // x ring stages (x loads run kXStages - 1 steps ahead, weights kWStages - 1, see the main loop) and resident
@@ -129,11 +139,14 @@ template <int BM> struct Cfg {
   static constexpr int kXStages = 4;
 #endif
   static constexpr int kBlocks = BM <= 64 ? 2 : 1;
+  static constexpr bool kTrim = BM <= kTrimMaxBM;
+  static constexpr int kQuadSlots = kTrim ? 4 : 3;
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
   static constexpr int kRing = kXStages * kXBytes;
   static constexpr int kOutRow = (kBN + 8) * 2;   // bytes per staged output row (padded: no bank conflicts)
   // alignment slack, table + weights, x ring, nested code, statistics quads, x stage barriers
   static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * kQuadBytes + 8 * kXStages;
+  static_assert(kBlocks * (kSmem + 1024) <= 228 * 1024, "resident blocks fit in shared memory");
   static_assert(BM * kOutRow <= kRing, "the output staging reuses the x ring");
 };
 
@@ -441,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   uint8_t* ring = smem_raw + (ring_s - smem_addr(smem_raw));
   float* ncode = reinterpret_cast<float*>(ring + C::kRing);
   const uint32_t quad_s = ring_s + C::kRing + 1024;
-  const uint32_t bars = quad_s + kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
+  const uint32_t bars = quad_s + C::kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
 #if !defined(FASTNF4_WG_NO_SUM_PDL)
@@ -516,16 +529,26 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const long long s_rowk = min(n0 + sr, p.N - 1) * p.K;
   const uint32_t s_dst = hole((s_nab ? 36 : 32) + (sr >> 5)) + 4 * (sr & 31);
 
-  auto w_stage = [&](int i) { return table_s + static_cast<uint32_t>((i % kWStages) * kHoles * 256); };
+  // weight ring slot (step i's slot is i % kWStages; the trimmed variants carry it instead of dividing)
+  auto slot_base = [&](int slot) { return table_s + static_cast<uint32_t>(slot * kHoles * 256); };
+  // the weight copy source of step u (trimmed variants): w_base + u * w_stride; rows past N copy zero bytes from
+  // the packed base
+  const uint8_t* w_base = w_ok ? w_src + s_begin * (kStep / 2) : p.packed;
+  const int w_stride = w_ok ? kStep / 2 : 0;
   auto x_stage = [&](int i) { return ring_s + static_cast<uint32_t>((i % kXStages) * C::kXBytes); };
   // the statistics quad slot of step i
-  auto quad_at = [&](int i) { return quad_s + static_cast<uint32_t>(((i >> 2) % kQuadSlots) * kQuadBytes); };
-  // copy group u: the weights and statistics of step u and the x tile of step u - kLag (those that exist)
-  auto load_group = [&](int u) {
+  auto quad_at = [&](int i) { return quad_s + static_cast<uint32_t>(((i >> 2) % C::kQuadSlots) * kQuadBytes); };
+  // copy group u (weight ring slot u % kWStages): the weights and statistics of step u and the x tile of step
+  // u - kLag (those that exist)
+  auto load_group = [&](int u, int slot) {
     if (u < nsteps) {
       const long long k0 = kstep(u) * kStep;
-      const uint32_t ws = w_stage(u);
-      cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
+      const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
+      if constexpr (C::kTrim) {
+        cp_async16(ws + w_dst, w_base + u * w_stride, w_ok ? 16 : 0);
+      } else {
+        cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
+      }
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
       if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
@@ -575,10 +598,41 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 
   // decode of step i's A fragments (16 registers: 4 k16 sub-steps x 4) from its weight stage; sa / sb: the absmax
   // of the lane's two rows (applied here, or to the step's product with the rounded-code decode)
-  auto decode = [&](int i, uint32_t (&f)[16], float& sa, float& sb) {
-    const uint32_t ws = w_stage(i);
-    sa = absmax(ws, qa_off, ra, rka, i);
-    sb = absmax(ws, qb_off, rb, rkb, i);
+  // Trimmed variants with blocksize 64 and statistics quads: a row's 4 absmax of a quad are read at once, at its
+  // first step, and step i's is the (i & 3)-th (the quad is aligned: K % 256 == 0, splits of whole quads, aligned
+  // statistics). The loop runs 4 steps per iteration, so i & 3 is known where it is used.
+  const bool quad64 = C::kTrim && quad && lb == 6;
+  float qa[4], qb[4];  // the absmax of rows ra / rb for the steps of the current quad
+  auto read_quad = [&](int i, int r, float (&q)[4]) {
+    const uint32_t at = quad_at(i) + (kNested ? 4 : 16) * r;
+    if constexpr (kNested) {
+      const uint32_t codes = lds32(at), nab = lds32(at + 512);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)  // as bitsandbytes: two roundings
+        q[e] = __fadd_rn(__fmul_rn(ncode[(codes >> (8 * e)) & 255u], __uint_as_float(nab)), offset);
+    } else {
+      const uint4 v = lds128(at);
+      q[0] = __uint_as_float(v.x), q[1] = __uint_as_float(v.y), q[2] = __uint_as_float(v.z), q[3] = __uint_as_float(v.w);
+    }
+  };
+  // jq: i & 3 where the caller knows it (trimmed variants), else -1
+  auto decode = [&](int i, int slot, uint32_t (&f)[16], float& sa, float& sb, int jq) {
+    const uint32_t ws = slot_base(C::kTrim ? slot : i % kWStages);
+#if defined(FASTNF4_WG_NO_STATS)
+    sa = sb = 1.f;
+#else
+    if (C::kTrim && jq >= 0 && quad64) {
+      if (jq == 0) {
+        read_quad(i, ra, qa);
+        read_quad(i, rb, qb);
+      }
+      sa = qa[jq & 3];
+      sb = qb[jq & 3];
+    } else {
+      sa = absmax(ws, qa_off, ra, rka, i);
+      sb = absmax(ws, qb_off, rb, rkb, i);
+    }
+#endif
     const uint4 a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
     const uint4 b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
@@ -610,20 +664,37 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   // prologue: copy groups 0 .. kWStages - 1 (one commit group each, empty ones past the end)
 #pragma unroll
   for (int u = 0; u < kWStages; ++u) {
-    load_group(u);
+    load_group(u, u);
     cp_async_commit();
   }
   cp_async_wait<kWStages - 1>();  // group 0 (the weights of step 0) landed
   __syncthreads();                // ... for every thread's copies; table and nested codes written
   uint32_t fa[16], fb[16];
   float sa_cur, sb_cur, sa_next = 0.f, sb_next = 0.f;
-  decode(0, fa, sa_cur, sb_cur);
+  decode(0, 0, fa, sa_cur, sb_cur, C::kTrim ? 0 : -1);
+  int wslot = 0;  // weight ring slot of the current step (trimmed variants)
+  // the wgmma descriptor of x sub-step s (k16) of step i
+  const uint64_t xdesc0 = desc_sw128(ring_s);
+  // trimmed variants: x stage i % kXStages, known from j = i & 3 with 4 stages
+  auto x_slot = [&](int i, int j) { return kXStages == 4 ? j : i % kXStages; };
+  auto x_desc = [&](int i, int j, int s) -> uint64_t {
+    if constexpr (C::kTrim) {
+      return xdesc0 + static_cast<uint32_t>((x_slot(i, j) * C::kXBytes + 32 * s) >> 4);
+    } else {
+      return desc_sw128(x_stage(i) + 32 * s);
+    }
+  };
   // rounded-code decode: this step's product (its own accumulator), scaled and added after the wgmma
   float part[kFast ? kAcc : 1];
 
-  // one K step: its wgmma on the fragments ``cur`` (absmax ca / cb), the next step's decode into ``nxt`` (na / nb)
-  auto step = [&](int i, uint32_t (&cur)[16], uint32_t (&nxt)[16], float ca, float cb, float& na, float& nb) {
-    wait_x(i);
+  // one K step: its wgmma on the fragments ``cur`` (absmax ca / cb), the next step's decode into ``nxt`` (na / nb);
+  // j = i & 3 in the trimmed variants (a constant there), else -1
+  auto step = [&](int i, int j, uint32_t (&cur)[16], uint32_t (&nxt)[16], float ca, float cb, float& na, float& nb) {
+    if constexpr (C::kTrim) {
+      mbar_wait(bars + 8 * x_slot(i, j), (kXStages == 4 ? i >> 2 : i / kXStages) & 1);
+    } else {
+      wait_x(i);
+    }
     if constexpr (kFast) {
 #pragma unroll
       for (int r = 0; r < kAcc; ++r) part[r] = 0.f;
@@ -635,11 +706,9 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       if constexpr (kFast) {
-        Wgmma<T, BM>::run(part, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
-                          desc_sw128(x_stage(i) + 32 * s));
+        Wgmma<T, BM>::run(part, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3], x_desc(i, j, s));
       } else {
-        Wgmma<T, BM>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
-                          desc_sw128(x_stage(i) + 32 * s));
+        Wgmma<T, BM>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3], x_desc(i, j, s));
       }
     }
 #else
@@ -650,15 +719,20 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     fence_acc(acc);
     if constexpr (kFast) fence_acc(part);
     if (i + 1 < nsteps) {
+      // trimmed variants: the ring slots of step i (refilled now with step i + kWStages) and of step i + 1
+      const int slot = wslot, slot1 = slot + 1 == kWStages ? 0 : slot + 1;
+      wslot = slot1;
       // group i + 1 (the weights of step i + 1) landed. The barrier also means every warpgroup finished step
       // i - 1's wgmma (waited for at the end of the previous step) and step i's decode, so x stage (i - 1) and
       // weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
       // step i + kXD goes with it.
       cp_async_wait<kWStages - 2>();
+#if !defined(FASTNF4_WG_NO_SYNC)  // diagnostic: no block barrier (races: wrong results; time without it)
       __syncthreads();
-      load_group(i + kWStages);
+#endif
+      load_group(i + kWStages, slot);
       cp_async_commit();
-      decode(i + 1, nxt, na, nb);  // overlaps step i's wgmma
+      decode(i + 1, slot1, nxt, na, nb, j < 0 ? -1 : (j + 1) & 3);  // overlaps step i's wgmma
     }
     wgmma_wait<0>();
     if constexpr (kFast) {
@@ -671,15 +745,23 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #pragma unroll
     for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");
   };
-  if constexpr (kUnroll2) {
+  if constexpr (C::kTrim) {
+    // four steps per iteration: i & 3 is a constant in each (x stage, statistics quad place)
+    for (int i = 0; i < nsteps; i += 4) {
+      step(i, 0, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      if (i + 1 < nsteps) step(i + 1, 1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+      if (i + 2 < nsteps) step(i + 2, 2, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      if (i + 3 < nsteps) step(i + 3, 3, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+    }
+  } else if constexpr (kUnroll2) {
     // two steps per iteration, the fragment arrays trading roles instead of being copied
     for (int i = 0; i < nsteps; i += 2) {
-      step(i, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
-      if (i + 1 < nsteps) step(i + 1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+      step(i, -1, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      if (i + 1 < nsteps) step(i + 1, -1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
     }
   } else {
     for (int i = 0; i < nsteps; ++i) {
-      step(i, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      step(i, -1, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
       sa_cur = sa_next;
       sb_cur = sb_next;
 #pragma unroll
