@@ -103,12 +103,15 @@ def mma_wanted(m: int, n: int) -> bool:
 #   vs 31.7 us, Llama qkv 37.1 vs 42.2, Qwen q / qkv 20.2 / 25.3 vs 24.4 / 30.5 (cuBLAS 22.4 / 28.0), Gemma qkv 23.0
 #   vs 25.5, Llama down 82.3 vs 85.9, Gemma down 44.5 vs 52.5. (Session 10-11's probe, before the one-wave split plan
 #   and the split sum as a programmatic dependent, had the GEMM kernel ahead on N = 8192-10240 and the deep downs.)
-# - M 3-8 (probe_wgmma.py --tiny at e99ab7b, BM 16, results/h200-probe-wgmma-tiny.json, wgmma vs GEMM kernel at
-#   M 3 / 8): wgmma won on the narrow shallow weights (N <= 6144 and K <= 8192: Qwen o 21.3 / 21.4 vs 26.5 / 30.8,
-#   Gemma q 14.9 / 14.9 vs 15.7 / 17.4, Gemma o 15.2 / 15.3 vs 15.5 / 17.4) and on Llama gate+up (92.1 / 91.6 vs
-#   103.6 / 112.2); the GEMM kernel kept every other weight, the wide ones included (Qwen / Gemma gate+up 51.5 / 43.8
-#   vs 57.2 / 59.6 at M 3, the gate_up projections of N >= 43008 by 9-16%), and Qwen q by 3-7% only (20.0 vs 20.7-21.3,
-#   left there). The Llama gate+up rule (>= 200M elements, N 16384-32768) is fitted to the one shape that has it.
+# - M 3-8: since session 18 (wgmma.cu's trimmed BM 16 / 32 steps, 10-14% faster at M = 16) every weight of >= 20M
+#   elements with N <= 51200. benchmarks/probe_small_m_plans.py --all --m 4,8 at 0e313c3
+#   (results/h200-probe-small-m-48.json; both kernels with their own plans, interleaved graph timing, us, wgmma vs
+#   GEMM kernel at M 4 / 8): wgmma ahead on Qwen gate_up 90.7 / 90.7 vs 92.8 / 101.9, Gemma down 37.3 / 37.9 vs
+#   39.7 / 41.4, Qwen q 18.2 / 18.3 vs 19.7 / 20.3, Llama qkv 31.3 / 31.6 vs 32.4 / 33.6 and the narrow ones as before;
+#   within 1.5% at M = 4 and ahead at M = 8 on Llama q+o / down, Qwen down (48.4 vs 47.1 at M = 4, the largest loss),
+#   Gemma gate+up / gate_up; behind on Llama gate_up (N = 57344: 147.8 / 148.3 vs 140.6 / 145.9), which keeps the
+#   GEMM kernel. (Session 12's probe_wgmma.py --tiny had the GEMM kernel ahead on all but Qwen o, Gemma q / o and Llama
+#   gate+up.)
 # - M <= 2: the decode kernel of gemv_mma.cu everywhere.
 #
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
@@ -116,7 +119,7 @@ def mma_wanted(m: int, n: int) -> bool:
 _ANY = 1 << 62
 WGMMA_RULES = (
     (2, ()),
-    (8, ((20 * 2**20, 0, 6144, 8192), (200 * 2**20, 16384, 32768, _ANY))),
+    (8, ((20 * 2**20, 0, 51200, _ANY),)),
     (16, ((20 * 2**20, 0, _ANY, _ANY),)),
     (32, ((20 * 2**20, 0, _ANY, _ANY),)),
     (64, ((32 * 2**20, 0, _ANY, _ANY),)),

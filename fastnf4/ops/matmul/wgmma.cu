@@ -688,10 +688,12 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   float part[kFast ? kAcc : 1];
 
   // one K step: its wgmma on the fragments ``cur`` (absmax ca / cb), the next step's decode into ``nxt`` (na / nb);
-  // j = i & 3 in the trimmed variants (a constant there), else -1
-  auto step = [&](int i, int j, uint32_t (&cur)[16], uint32_t (&nxt)[16], float ca, float cb, float& na, float& nb) {
+  // more: i + 1 < nsteps. Trimmed variants: j = i & 3 (a constant there) and par = (i >> 2) & 1 (x stage parity
+  // with 4 stages), worked out once per 4 steps; else -1 / unused.
+  auto step = [&](int i, int j, uint32_t par, bool more, uint32_t (&cur)[16], uint32_t (&nxt)[16], float ca, float cb,
+                  float& na, float& nb) {
     if constexpr (C::kTrim) {
-      mbar_wait(bars + 8 * x_slot(i, j), (kXStages == 4 ? i >> 2 : i / kXStages) & 1);
+      mbar_wait(bars + 8 * x_slot(i, j), (kXStages == 4 ? par : i / kXStages) & 1);
     } else {
       wait_x(i);
     }
@@ -718,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     wgmma_commit();
     fence_acc(acc);
     if constexpr (kFast) fence_acc(part);
-    if (i + 1 < nsteps) {
+    if (more) {
       // trimmed variants: the ring slots of step i (refilled now with step i + kWStages) and of step i + 1
       const int slot = wslot, slot1 = slot + 1 == kWStages ? 0 : slot + 1;
       wslot = slot1;
@@ -748,20 +750,21 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   if constexpr (C::kTrim) {
     // four steps per iteration: i & 3 is a constant in each (x stage, statistics quad place)
     for (int i = 0; i < nsteps; i += 4) {
-      step(i, 0, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
-      if (i + 1 < nsteps) step(i + 1, 1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
-      if (i + 2 < nsteps) step(i + 2, 2, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
-      if (i + 3 < nsteps) step(i + 3, 3, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+      const uint32_t par = (i >> 2) & 1;
+      step(i, 0, par, i + 1 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      if (i + 1 < nsteps) step(i + 1, 1, par, i + 2 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+      if (i + 2 < nsteps) step(i + 2, 2, par, i + 3 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      if (i + 3 < nsteps) step(i + 3, 3, par, i + 4 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
     }
   } else if constexpr (kUnroll2) {
     // two steps per iteration, the fragment arrays trading roles instead of being copied
     for (int i = 0; i < nsteps; i += 2) {
-      step(i, -1, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
-      if (i + 1 < nsteps) step(i + 1, -1, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+      step(i, -1, 0, i + 1 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      if (i + 1 < nsteps) step(i + 1, -1, 0, i + 2 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
     }
   } else {
     for (int i = 0; i < nsteps; ++i) {
-      step(i, -1, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      step(i, -1, 0, i + 1 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
       sa_cur = sa_next;
       sb_cur = sb_next;
 #pragma unroll
