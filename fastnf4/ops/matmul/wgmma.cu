@@ -104,7 +104,8 @@ constexpr int kFastMaxBM = 32;
 #endif
 
 // Variants with BM <= kUnroll2MaxBM run two K steps per loop iteration, the two fragment arrays trading roles (one
-// decoded while the other feeds the wgmma) instead of the decoded fragments being copied every step. H200
+// decoded while the other feeds the wgmma) instead of the decoded fragments being copied every step (the trimmed
+// variants below run four, with the same role trading). H200
 // (benchmarks/probe_wgmma_build.py -DFASTNF4_WG_UNROLL2 against the one-step loop, NOTES.md session 17): 4-8% faster on
 // all 17 model weights of >= 8 MB at M = 16 (two rounds: Llama gate_up 179.2 -> 168.0 us, Gemma o 15.2 -> 14.5), 2-4% at
 // M = 32; at M = 128 -4% to +3.5% (Llama down 149.2 -> 154.4), so BM >= 64 keeps the one-step loop.
@@ -123,7 +124,10 @@ constexpr int kQuadBytes = 2048;
 // Variants with BM <= kTrimMaxBM keep the per-step bookkeeping off the issue slots: the weight ring slot is carried
 // from step to step instead of taken modulo kWStages, the statistics quads have 4 slots (a mask, not a modulo by
 // 3), the x tile descriptors are one add from a base worked out once, and the weight copy source is a base pointer
-// plus 32 bytes per step. Same data, same arithmetic: only the instructions that find it change.
+// plus 32 bytes per step; the loop runs 4 steps per iteration, so a step's place in its statistics quad is a
+// constant, and with blocksize 64 a row's 4 absmax of a quad are read at once. Same data, same arithmetic: only the
+// instructions that find it change. H200 (NOTES.md session 18, A / B against -DFASTNF4_WG_TRIM_MAX_BM=0, whose SASS
+// is the previous kernel's): 1.01-1.16x at M = 16, 1.05-1.13x at M = 32 on the 17 model weights of >= 8 MB.
 #if defined(FASTNF4_WG_TRIM_MAX_BM)  // experiments
 constexpr int kTrimMaxBM = FASTNF4_WG_TRIM_MAX_BM;
 #else
