@@ -145,6 +145,14 @@ template <int BM> struct Cfg {
   static constexpr int kBlocks = BM <= 64 ? 2 : 1;
   static constexpr bool kTrim = BM <= kTrimMaxBM;
   static constexpr int kQuadSlots = kTrim ? 4 : 3;
+  // the trimmed variants also take the block barrier and issue their copies every other step only (H200, NOTES.md
+  // session 18: 0.5-2% at M = 16, 1-3.6% at M = 32 against one barrier per step)
+#if defined(FASTNF4_WG_NO_PAIR)  // experiments: a barrier every step
+  static constexpr bool kPair = false;
+#else
+  static constexpr bool kPair = kTrim;
+#endif
+  static_assert(!kPair || kXStages == 4, "paired steps: x stage i & 3, even-step refills");
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
   static constexpr int kRing = kXStages * kXBytes;
   static constexpr int kOutRow = (kBN + 8) * 2;   // bytes per staged output row (padded: no bank conflicts)
@@ -732,12 +740,30 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       // i - 1's wgmma (waited for at the end of the previous step) and step i's decode, so x stage (i - 1) and
       // weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
       // step i + kXD goes with it.
-      cp_async_wait<kWStages - 2>();
+      if constexpr (C::kPair) {
+        // paired variants: a barrier and copies at even steps only. Steps i + 1 and i + 2 are decoded before the
+        // next barrier, so groups up to i + 2 must have landed; every warp has decoded steps i - 1 and i and
+        // finished the wgmma of steps i - 2 and i - 1, so their weight slots take groups i + kWStages - 1 and
+        // i + kWStages (at i = 0 only the latter: the prologue issued the former), and x of steps i + kXD - 1
+        // and i + kXD goes with them into the x stages of steps i - 2 and i - 1.
+        if ((j & 1) == 0) {
+          cp_async_wait<kWStages - 4>();
+          __syncthreads();
+          if (i > 0) {
+            load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1);
+            cp_async_commit();
+          }
+          load_group(i + kWStages, slot);
+          cp_async_commit();
+        }
+      } else {
+        cp_async_wait<kWStages - 2>();
 #if !defined(FASTNF4_WG_NO_SYNC)  // diagnostic: no block barrier (races: wrong results; time without it)
-      __syncthreads();
+        __syncthreads();
 #endif
-      load_group(i + kWStages, slot);
-      cp_async_commit();
+        load_group(i + kWStages, slot);
+        cp_async_commit();
+      }
       decode(i + 1, slot1, nxt, na, nb, j < 0 ? -1 : (j + 1) & 3);  // overlaps step i's wgmma
     }
     wgmma_wait<0>();
