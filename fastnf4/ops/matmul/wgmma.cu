@@ -133,6 +133,14 @@ constexpr int kTrimMaxBM = FASTNF4_WG_TRIM_MAX_BM;
 #else
 constexpr int kTrimMaxBM = 32;
 #endif
+// ... and so do BM >= kTrimFromBM (H200, session 18, A / B against the untrimmed build: M = 128 15 of 17 weights faster,
+// up to 7%, two 3-4% slower; M = 256 14 of 17 faster, up to 10%). BM 64 stays untrimmed: trimmed, its non-nested
+// variant needs more than the 128 registers of two blocks per SM (16 bytes of spills).
+#if defined(FASTNF4_WG_TRIM_FROM_BM)  // experiments
+constexpr int kTrimFromBM = FASTNF4_WG_TRIM_FROM_BM;
+#else
+constexpr int kTrimFromBM = 128;
+#endif
 
 template <int BM> struct Cfg {
   // x ring stages (x loads run kXStages - 1 steps ahead, weights kWStages - 1, see the main loop) and resident
@@ -143,7 +151,7 @@ template <int BM> struct Cfg {
   static constexpr int kXStages = 4;
 #endif
   static constexpr int kBlocks = BM <= 64 ? 2 : 1;
-  static constexpr bool kTrim = BM <= kTrimMaxBM;
+  static constexpr bool kTrim = BM <= kTrimMaxBM || BM >= kTrimFromBM;
   static constexpr int kQuadSlots = kTrim ? 4 : 3;
   // the trimmed variants also take the block barrier and issue their copies every other step only (H200, NOTES.md
   // session 18: 0.5-2% at M = 16, 1-3.6% at M = 32 against one barrier per step)
