@@ -5,7 +5,7 @@ usage: python benchmarks/gen_wgmma.py  (prints the block; tests/test_matmul.py c
 
 def wrappers() -> str:
     out = []
-    for n in (16, 32, 64, 128, 256):
+    for n in (8, 16, 32, 64, 128, 256):
         nacc = n // 2
         a = nacc
         for ty, tn in (("bf16", "__nv_bfloat16"), ("f16", "__half")):

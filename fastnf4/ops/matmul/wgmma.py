@@ -17,7 +17,8 @@ from ... import _cuda
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
-BLOCK_M = (16, 32, 64, 128, 256)
+BLOCK_M = (8, 16, 32, 64, 128, 256)  # the variants built (wgmma.cu ``pick``)
+AUTO_BLOCK_M = (16, 32, 64, 128, 256)  # the ones ``block_m`` picks from
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
 MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_RULES; a test ties the two)
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
@@ -80,12 +81,11 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
 
 
 def block_m(m: int) -> int:
-    """x rows per block: the smallest of 16 / 32 / 64 / 128 / 256 covering M (H200: each is the fastest in its
-    range)."""
-    for bm in BLOCK_M:
+    """x rows per block: the smallest of ``AUTO_BLOCK_M`` covering M (H200: each is the fastest in its range)."""
+    for bm in AUTO_BLOCK_M:
         if m <= bm:
             return bm
-    return BLOCK_M[-1]
+    return AUTO_BLOCK_M[-1]
 
 
 def _split_steps(steps: int, want: int) -> tuple[int, int]:
