@@ -126,7 +126,7 @@ def test_wgmma_plan_covers_k(m, n, k):
     from fastnf4.ops.matmul import wgmma
 
     bm = wgmma.block_m(m)
-    assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == 16 or bm // 2 < m)
+    assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == wgmma.BLOCK_M[0] or bm // 2 < m)
     blocks = 2 if bm <= 64 else 1
     slots = 132 * blocks
     s, per, full = wgmma.plan(m, n, k, slots, bm, blocks)

@@ -111,7 +111,9 @@ def mma_wanted(m: int, n: int) -> bool:
 #   within 1.5% at M = 4 and ahead at M = 8 on Llama q+o / down, Qwen down (48.4 vs 47.1 at M = 4, the largest loss),
 #   Gemma gate+up / gate_up; behind on Llama gate_up (N = 57344: 147.8 / 148.3 vs 140.6 / 145.9), which keeps the
 #   GEMM kernel. (Session 12's probe_wgmma.py --tiny had the GEMM kernel ahead on all but Qwen o, Gemma q / o and Llama
-#   gate+up.)
+#   gate+up.) Later in session 18 the wgmma kernel got an 8-row x variant (BM 8, 3-5.5% faster than BM 16 at M 4-8:
+#   benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json); against it the GEMM kernel still won Llama
+#   gate_up at M = 4 (141.2 vs 143.8 us) and lost it at M = 8 (146.4 vs 144.0): the rule stays.
 # - M <= 2: the decode kernel of gemv_mma.cu everywhere.
 #
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
