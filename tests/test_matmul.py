@@ -88,9 +88,9 @@ def test_wgmma_dispatch_on_model_shapes():
              for mm in (1, 2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
     assert taken[1] == taken[2] == [] and taken[513] == taken[2048] == []
     big = {(n, k) for _, _, n, k in model_shapes() if n * k >= 20 * 2**20}
-    # M 3-8 (probe_small_m_plans.py --all --m 4,8, session 18): every weight of >= 20M elements but Llama gate_up
-    # (N = 57344), where the GEMM kernel stays ahead
-    assert set(taken[3]) == set(taken[8]) == big - {(57344, 8192)}
+    # M 3-8 (probe_small_m_plans.py --all --m 4,8 and probe_wgmma_wide_tail.py, session 18): every weight of >= 20M
+    # elements (Llama gate_up since the wide-weight tail plan)
+    assert set(taken[3]) == set(taken[8]) == big
     # M 9-32 (probe_small_m_plans.py --all, session 17; at M 17-32 probe_wgmma.py --small before): every weight of
     # >= 20M elements
     assert set(taken[9]) == set(taken[16]) == set(taken[17]) == set(taken[32]) == big
@@ -140,6 +140,9 @@ def test_wgmma_plan_covers_k(m, n, k):
     one_plan = (*one, 0 if one[0] > 1 else n_tiles)
     if (s, per, full) == one_plan:  # the one-wave plan: every tile split alike, in one wave
         assert s == 1 or (tiles < slots and s * tiles <= slots + slots // 16)
+    elif blocks == 2 and tiles > slots:  # more tiles than slots (< twice): one wave whole, the rest in 2-3 parts
+        assert tiles < 2 * slots and one_plan[0] == 1 and bm <= wgmma.TWO_BLOCK_TAIL_MAX_BM
+        assert full == slots and s in (2, wgmma.WIDE_TAIL_PARTS) and s * (n_tiles - full) <= 2 * slots
     elif blocks == 2:  # two blocks per SM: the 2-part tail that fills exactly one wave, where tiles fill the slots
         assert slots // 2 < tiles <= wgmma.TWO_BLOCK_TAIL_MAX_FILL * slots and one_plan[0] == 1
         assert bm <= wgmma.TWO_BLOCK_TAIL_MAX_BM
@@ -287,6 +290,20 @@ def _in_flight_fragment_writes(sass: str) -> tuple[int, list[str]]:
                     bad.append(lines[e].strip())
             i = j + 1
     return groups, bad
+
+
+def test_wgmma_wide_weights_split_their_second_wave():
+    from fastnf4.ops.matmul import wgmma
+
+    # H200, session 18 (probe_wgmma_wide_tail.py): one wave of whole tiles, the rest in 2 / 3 parts
+    for m in (4, 8, 16, 32):
+        bm = wgmma.block_m(m)
+        assert wgmma.plan(m, 57344, 8192, 264, bm, 2) == (2, 64, 264)  # Llama gate_up: 184 tiles left
+        assert wgmma.plan(m, 51200, 5120, 264, bm, 2) == (3, 28, 264)  # Qwen gate_up: 136
+        assert wgmma.plan(m, 43008, 5376, 264, bm, 2) == (3, 28, 264)  # Gemma gate_up: 72
+    assert wgmma.plan(16, 28672, 8192, 264, 16, 2) == (1, 128, 224)  # Llama gate+up (224 tiles): still whole
+    assert wgmma.plan(16, 140000, 8192, 264, 16, 2)[0] == 1  # twice the slots or more: whole tiles
+    assert wgmma.plan(64, 57344, 8192, 264, 64, 2)[0] == 1  # BM 64: not measured
 
 
 def test_decode_plan_prices_split_k_as_measured():

@@ -113,7 +113,9 @@ def mma_wanted(m: int, n: int) -> bool:
 #   GEMM kernel. (Session 12's probe_wgmma.py --tiny had the GEMM kernel ahead on all but Qwen o, Gemma q / o and Llama
 #   gate+up.) Later in session 18 the wgmma kernel got an 8-row x variant (BM 8, 3-5.5% faster than BM 16 at M 4-8:
 #   benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json); against it the GEMM kernel still won Llama
-#   gate_up at M = 4 (141.2 vs 143.8 us) and lost it at M = 8 (146.4 vs 144.0): the rule stays.
+#   gate_up at M = 4 (141.2 vs 143.8 us) and lost it at M = 8 (146.4 vs 144.0), and with the wide-weight tail plan
+#   (wgmma.WIDE_TAIL_PARTS, 133.6 us at M = 8) the wgmma kernel takes that weight too: every weight of >= 20M
+#   elements at M 3-8, as at M 9-32.
 # - M <= 2: the decode kernel of gemv_mma.cu everywhere.
 #
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
@@ -121,7 +123,7 @@ def mma_wanted(m: int, n: int) -> bool:
 _ANY = 1 << 62
 WGMMA_RULES = (
     (2, ()),
-    (8, ((20 * 2**20, 0, 51200, _ANY),)),
+    (8, ((20 * 2**20, 0, _ANY, _ANY),)),
     (16, ((20 * 2**20, 0, _ANY, _ANY),)),
     (32, ((20 * 2**20, 0, _ANY, _ANY),)),
     (64, ((32 * 2**20, 0, _ANY, _ANY),)),

@@ -152,7 +152,16 @@ def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: i
 # in the first run) against 60.0 unsplit, at M = 32 52.7 against 63.2; Qwen gate+up (200 tiles) and Llama gate+up (224)
 # were faster unsplit (57.6 vs 59.2, 91.9 vs 93.9 us at M = 8-16), hence the bound between 168 / 264 and 200 / 264.
 TWO_BLOCK_TAIL_MAX_FILL = 0.7
-TWO_BLOCK_TAIL_MAX_BM = 32  # measured at M 9-32 (BM 16 / 32); BM 64 (M 33-64) keeps the one-wave plan: not measured
+TWO_BLOCK_TAIL_MAX_BM = 32  # measured at M 8-32 (BM 8 / 16 / 32); BM 64 (M 33-64) keeps the one-wave plan: not measured
+# More row tiles than two-block slots (but fewer than twice as many: the gate_up projections) at BM <= 32: the first
+# ``slots`` tiles whole (one wave) and the rest in 3 parts over K, or in 2 where 3 would take more than two further
+# rounds of the slots. H200 (benchmarks/probe_wgmma_wide_tail.py, results/h200-probe-wgmma-wide-tail.json, interleaved
+# graph timing, M 8 / 16 / 32; every tile whole before): Llama gate_up (448 tiles) 133.6 / 139.8 / 151.8 us with 184
+# tiles in 2 parts against 144.0 / 150.0 / 162.6, Qwen gate_up (400) 79.0 / 83.0 / 88.9 with 136 in 3 parts against
+# 86.9 / 91.2 / 95.7, Gemma gate_up (336) 66.2 / 69.8 / 73.8 with 72 in 3 parts against 75.6 / 79.5 / 82.9. (Their best
+# measured plans were these or within 1%; wgmma's tail model, made for one block per SM, picked 4 / 5 parts for Llama
+# / Qwen, 2-3% slower.)
+WIDE_TAIL_PARTS = 3
 
 
 @functools.lru_cache(maxsize=4096)
@@ -162,8 +171,9 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
 
     With two resident blocks per SM (BM <= 64) the one-wave plan (``_one_wave``; every tile split alike, or none),
     except at BM <= TWO_BLOCK_TAIL_MAX_BM where the tiles fill more than half the slots and at most
-    TWO_BLOCK_TAIL_MAX_FILL of them: the last tiles in 2 parts, one wave in all (Gemma gate+up at M 9-32: 72 tiles
-    whole, 96 in 2 parts).
+    TWO_BLOCK_TAIL_MAX_FILL of them: the last tiles in 2 parts, one wave in all (Gemma gate+up at M 8-32: 72 tiles
+    whole, 96 in 2 parts); and where they are more than the slots (but fewer than twice as many): one wave of whole
+    tiles, the rest in WIDE_TAIL_PARTS (or 2) parts (the gate_up projections).
     With one (BM 128 / 256), whichever of the one-wave and the tail plans the model above says is fastest, the tail
     only where it saves >= 8%: e.g. Gemma gate+up (168 tiles) at M = 128 runs 132 tiles whole and 36 in 3 parts, one
     wave and a third instead of two waves; Qwen gate_up (400 tiles) runs 396 whole and 4 in 10 parts instead of 4
@@ -173,11 +183,17 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
     s, per = _one_wave(m_tiles * n_tiles, steps, slots)
     base = (s, per, 0 if s > 1 else n_tiles)
     if blocks_per_sm != 1:
-        if (s == 1 and m_tiles == 1 and bm <= TWO_BLOCK_TAIL_MAX_BM
-                and slots // 2 < n_tiles <= TWO_BLOCK_TAIL_MAX_FILL * slots and steps >= 16):
-            s2, per2 = _split_steps(steps, 2)
-            if s2 == 2:
-                return 2, per2, 2 * n_tiles - slots
+        if s == 1 and m_tiles == 1 and bm <= TWO_BLOCK_TAIL_MAX_BM and steps >= 16:
+            if slots // 2 < n_tiles <= TWO_BLOCK_TAIL_MAX_FILL * slots:
+                s2, per2 = _split_steps(steps, 2)
+                if s2 == 2:
+                    return 2, per2, 2 * n_tiles - slots
+            if slots < n_tiles < 2 * slots:
+                tail = n_tiles - slots
+                want = WIDE_TAIL_PARTS if WIDE_TAIL_PARTS * tail <= 2 * slots else 2
+                s2, per2 = _split_steps(steps, want)
+                if s2 >= 2:
+                    return s2, per2, slots
         return base
     best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m)
     limit = best_cost * TAIL_GAIN
