@@ -151,6 +151,10 @@ def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: i
 # graph timing): Gemma gate+up (168 tiles on 264 slots) at M = 16 50.1 us (its other tail plans of 2 parts 49.2-49.7
 # in the first run) against 60.0 unsplit, at M = 32 52.7 against 63.2; Qwen gate+up (200 tiles) and Llama gate+up (224)
 # were faster unsplit (57.6 vs 59.2, 91.9 vs 93.9 us at M = 8-16), hence the bound between 168 / 264 and 200 / 264.
+# Since session 18 (trimmed steps) the last quarter of the tiles in 3 parts instead, where that fits one wave: Gemma
+# gate+up 126 whole + 42 x 3 = 252 blocks, 40.9 / 42.7 us at M = 16 / 32 against 42.8 / 45.1 for the 2-part tail
+# (probe_small_m_plans.py --only "gemma gate+up" at 1069ae8, results/h200-probe-small-m-plans-gemma.json; session 17's
+# first run had it ahead too: 47.5 vs 50.1, while a 3-part tail of exactly 264 blocks took 62.1, not understood).
 TWO_BLOCK_TAIL_MAX_FILL = 0.7
 TWO_BLOCK_TAIL_MAX_BM = 32  # measured at M 8-32 (BM 8 / 16 / 32); BM 64 (M 33-64) keeps the one-wave plan: not measured
 # More row tiles than two-block slots (but fewer than twice as many: the gate_up projections) at BM <= 32: the first
@@ -171,8 +175,8 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
 
     With two resident blocks per SM (BM <= 64) the one-wave plan (``_one_wave``; every tile split alike, or none),
     except at BM <= TWO_BLOCK_TAIL_MAX_BM where the tiles fill more than half the slots and at most
-    TWO_BLOCK_TAIL_MAX_FILL of them: the last tiles in 2 parts, one wave in all (Gemma gate+up at M 8-32: 72 tiles
-    whole, 96 in 2 parts); and where they are more than the slots (but fewer than twice as many): one wave of whole
+    TWO_BLOCK_TAIL_MAX_FILL of them: the last quarter of the tiles in 3 parts, within one wave (Gemma gate+up at
+    M 8-32: 126 tiles whole, 42 in 3 parts; else the last tiles in 2 parts, exactly one wave); and where they are more than the slots (but fewer than twice as many): one wave of whole
     tiles, the rest in WIDE_TAIL_PARTS (or 2) parts (the gate_up projections).
     With one (BM 128 / 256), whichever of the one-wave and the tail plans the model above says is fastest, the tail
     only where it saves >= 8%: e.g. Gemma gate+up (168 tiles) at M = 128 runs 132 tiles whole and 36 in 3 parts, one
@@ -185,6 +189,10 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
     if blocks_per_sm != 1:
         if s == 1 and m_tiles == 1 and bm <= TWO_BLOCK_TAIL_MAX_BM and steps >= 16:
             if slots // 2 < n_tiles <= TWO_BLOCK_TAIL_MAX_FILL * slots:
+                quarter = n_tiles // 4
+                s3, per3 = _split_steps(steps, 3)
+                if s3 == 3 and n_tiles + 2 * quarter <= slots:
+                    return 3, per3, n_tiles - quarter
                 s2, per2 = _split_steps(steps, 2)
                 if s2 == 2:
                     return 2, per2, 2 * n_tiles - slots
