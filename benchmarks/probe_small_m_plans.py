@@ -7,17 +7,14 @@ product with the dequantized weight within 2x cuBLAS's, the issue's budget for t
 ``--all``: every model weight of >= 8 MB with the kernels' own plans and the one-wave tail plans (dispatch at M 8-32).
 ``--m 8,16,32`` the rows of x, ``--only "gemma o,gemma qkv"`` some of the six weights; at M > 16 also two 16-row x tiles.
 usage: python benchmarks/probe_small_m_plans.py [--all] [--m ...] [--only ...] [JSON]"""
-import json
 import sys
 
 import torch
 
 import fastnf4
 from fastnf4.api import linear_args
-from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import environment, rotation_count, time_graphs
 from fastnf4.ops.matmul import gemv_mma, wgmma
-from probe_weights import model_weights
+from probe_weights import check_and_time, model_weights, rotated, write_rows
 
 MS = [int(v) for v in sys.argv[sys.argv.index("--m") + 1].split(",")] if "--m" in sys.argv else [8, 16, 32]
 ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
@@ -72,30 +69,25 @@ def run(v, x, q, y=None):
     return gemv_mma.launch(x, *linear_args(q), y=y, splits=v.get("splits"))
 
 
+def production(x, q, y=None):
+    """fastnf4.linear (the dispatcher's own pick), into ``y`` when given."""
+    out = fastnf4.linear(x, q)
+    return out if y is None else y.copy_(out)
+
+
 def main():
     rows = []
     torch.manual_seed(0)
     every = "--all" in sys.argv
     for name, n, k, w, q in weights(every):
-        qs = [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)]
-        ws = [w] + [w.clone() for _ in range(rotation_count(n * k * 2) - 1)]
+        ws, qs = rotated(w, q)
         wd = fastnf4.dequantize(q)
         for m in MS:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            ref = x.double() @ wd.double().T
-            rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
-            base = rel(x @ wd.T)
-            prov = {"cublas": [lambda i=i: x @ ws[i].T for i in range(len(ws))],
-                    "fastnf4": [lambda i=i: fastnf4.linear(x, qs[i]) for i in range(len(qs))]}
-            errs = {}
-            for vname, v in variants(n, k, m, wide=not every).items():
-                y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-                run(v, x, q, y)
-                errs[vname] = rel(y) / base
-                assert torch.isfinite(y).all() and errs[vname] <= 2.0, (name, m, vname, errs[vname])
-                prov[vname] = [lambda i=i, v=v: run(v, x, qs[i]) for i in range(len(qs))]
-            t = time_graphs(prov, per_graph=20, replays=10)
-            us = {p: r["median_us"] for p, r in t.items()}
+            runs = {"fastnf4": production}
+            runs.update({name_v: (lambda x, q, y=None, v=v: run(v, x, q, y))
+                         for name_v, v in variants(n, k, m, wide=not every).items()})
+            us, errs = check_and_time(x, wd, ws, qs, runs, name)
             best = min((p for p in us if p not in ("cublas", "fastnf4")), key=us.get)
             rows.append(dict(name=name, N=n, K=k, M=m, us=us, err=errs, best=best))
             print(f"{name:14s} M {m:2d} cuBLAS {us['cublas']:6.1f} fastnf4 {us['fastnf4']:6.1f} best {best} "
@@ -103,9 +95,7 @@ def main():
                   + " ".join(f"{p}:{v:.1f}" for p, v in sorted(us.items(), key=lambda kv: kv[1])[:6]), flush=True)
         del qs, ws, wd
         torch.cuda.empty_cache()
-    out = [a for a in sys.argv[1:] if a.endswith(".json")]
-    if out:
-        json.dump({"env": environment(), "rows": rows}, open(out[0], "w"), indent=1)
+    write_rows(rows)
 
 
 if __name__ == "__main__":

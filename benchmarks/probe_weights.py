@@ -1,8 +1,13 @@
-"""The model weights the matmul probes run on (shared by probe_wgmma_build / _tail / _splits)."""
+"""The model weights the matmul probes run on (shared by probe_wgmma_build / _tail / _splits), and the check-then-time
+step of the probes that compare kernel variants (probe_small_m_plans / probe_wgmma_bm8 / probe_wgmma_wide_tail)."""
+import json
+import sys
+
 import torch
 
 import fastnf4
-from fastnf4.bench.harness import model_shapes
+from fastnf4.bench.common import clone_weight
+from fastnf4.bench.harness import environment, model_shapes, rotation_count, time_graphs
 
 
 def model_weights(min_packed_bytes: float = 8e6):
@@ -17,3 +22,38 @@ def model_weights(min_packed_bytes: float = 8e6):
         seen.add((n, k))
         w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
         yield model, layer, n, k, w, fastnf4.quantize(w, blocksize=64, double_quant=True)
+
+
+def rotated(w, q):
+    """Copies of the bf16 weight and of its NF4 form, enough of each to rotate past the L2 (harness.rotation_count)."""
+    n, k = w.shape
+    return ([w] + [w.clone() for _ in range(rotation_count(n * k * 2) - 1)],
+            [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)])
+
+
+def check_and_time(x, wd, ws, qs, runs, what):
+    """Each of ``runs`` (name -> run(x, q, y=None)) first checked on x with a NaN-poisoned output: its error against a
+    float64 product with the dequantized weight ``wd`` within 2x that of cuBLAS on ``wd`` (the issue's budget for the
+    rounded-code kernels); then all of them and bf16 cuBLAS on the unquantized weights ``ws`` timed in one interleaved
+    graph timing, rotating over ``qs``. Returns ({name: median us}, {name: error ratio})."""
+    m, n = x.shape[0], wd.shape[0]
+    ref = x.double() @ wd.double().T
+    rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+    base = rel(x @ wd.T)
+    prov = {"cublas": [lambda i=i: x @ ws[i].T for i in range(len(ws))]}
+    errs = {}
+    for name, run in runs.items():
+        y = torch.full((m, n), float("nan"), dtype=x.dtype, device=x.device)
+        run(x, qs[0], y)
+        errs[name] = rel(y) / base
+        assert torch.isfinite(y).all() and errs[name] <= 2.0, (what, m, name, errs[name])
+        prov[name] = [lambda i=i, run=run: run(x, qs[i]) for i in range(len(qs))]
+    t = time_graphs(prov, per_graph=20, replays=10)
+    return {p: r["median_us"] for p, r in t.items()}, errs
+
+
+def write_rows(rows):
+    """``rows`` with the environment as JSON to the command line's argument ending in .json, if there is one."""
+    out = [a for a in sys.argv[1:] if a.endswith(".json")]
+    if out:
+        json.dump({"env": environment(), "rows": rows}, open(out[0], "w"), indent=1)
