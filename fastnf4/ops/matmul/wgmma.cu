@@ -20,7 +20,8 @@
 // the table's 256-byte entries; the statistics (absmax, or the 8-bit double-quant codes and nested absmax) by
 // cp.async once per 4 steps where they sit in aligned words ("quads"), else per step with the weights. Each step
 // issues its four wgmma asynchronously, decodes the next step's fragments while they run, then waits: the decode of
-// step j + 1 overlaps the tensor-core work of step j. One block barrier per step (the weight copies).
+// step j + 1 overlaps the tensor-core work of step j. One block barrier per step (the weight copies), or per two
+// steps in the trimmed variants (kTrimMaxBM / kTrimFromBM, Cfg::kPair), whose copies then run 4-6 and x 2-3 steps ahead.
 // Epilogue: bias, conversion, a padded shared-memory transpose and 16-byte row stores of y; with split-K
 // float32 partial sums, one [M, W] slice per split, which a second kernel (splitk_sum, launched right after on the
 // same stream) adds up in split order (results do not depend on timing), with the bias, and converts.
