@@ -1,7 +1,7 @@
 """Where the wgmma kernel's time goes: graph timing of a few shapes for one build (FASTNF4_NVCC_FLAGS selects
 diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA,
 -DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_WSTAGES=n, -DFASTNF4_WG_XSTAGES=n), against bf16 cuBLAS in the same process.
--DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n), -DFASTNF4_WG_NO_SYNC (no block barrier per step).
+-DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n).
 --small: M 16 / 32 / 64 on eight weights only; --ms 16,32 keeps those M of --small.
 usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON] [--small] [--ms LIST]"""
 import json

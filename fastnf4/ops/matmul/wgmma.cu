@@ -106,7 +106,8 @@ constexpr int kFastMaxBM = 32;
 
 // Variants with BM <= kUnroll2MaxBM run two K steps per loop iteration, the two fragment arrays trading roles (one
 // decoded while the other feeds the wgmma) instead of the decoded fragments being copied every step (the trimmed
-// variants below run four, with the same role trading). H200
+// variants below run four, with the same role trading, so by default this loop serves only the A / B baseline build
+// -DFASTNF4_WG_TRIM_MAX_BM=0, whose SASS is session 17's kernel). H200
 // (benchmarks/probe_wgmma_build.py -DFASTNF4_WG_UNROLL2 against the one-step loop, NOTES.md session 17): 4-8% faster on
 // all 17 model weights of >= 8 MB at M = 16 (two rounds: Llama gate_up 179.2 -> 168.0 us, Gemma o 15.2 -> 14.5), 2-4% at
 // M = 32; at M = 128 -4% to +3.5% (Llama down 149.2 -> 154.4), so BM >= 64 keeps the one-step loop.
@@ -791,9 +792,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
         }
       } else {
         cp_async_wait<kWStages - 2>();
-#if !defined(FASTNF4_WG_NO_SYNC)  // diagnostic: no block barrier (races: wrong results; time without it)
         __syncthreads();
-#endif
         load_group(i + kWStages, slot);
         cp_async_commit();
       }
