@@ -17,10 +17,9 @@ from ... import _cuda
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
-BLOCK_M = (8, 16, 32, 64, 128, 256)  # the variants built (wgmma.cu ``pick``)
-# the ones ``block_m`` picks from. BM 8 (m64n8k16) since session 18: 1.03-1.06x BM 16 on all 17 model weights of >= 8 MB
-# at M = 4 and 8 (H200, benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json)
-AUTO_BLOCK_M = BLOCK_M
+# x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16) since session 18: 1.03-1.06x BM 16 on all
+# 17 model weights of >= 8 MB at M = 4 and 8 (H200, benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json)
+BLOCK_M = (8, 16, 32, 64, 128, 256)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
 MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_RULES; a test ties the two)
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
@@ -83,11 +82,11 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
 
 
 def block_m(m: int) -> int:
-    """x rows per block: the smallest of ``AUTO_BLOCK_M`` covering M (H200: each is the fastest in its range)."""
-    for bm in AUTO_BLOCK_M:
+    """x rows per block: the smallest of ``BLOCK_M`` covering M (H200: each is the fastest in its range)."""
+    for bm in BLOCK_M:
         if m <= bm:
             return bm
-    return AUTO_BLOCK_M[-1]
+    return BLOCK_M[-1]
 
 
 def _split_steps(steps: int, want: int) -> tuple[int, int]:
@@ -176,8 +175,9 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
     With two resident blocks per SM (BM <= 64) the one-wave plan (``_one_wave``; every tile split alike, or none),
     except at BM <= TWO_BLOCK_TAIL_MAX_BM where the tiles fill more than half the slots and at most
     TWO_BLOCK_TAIL_MAX_FILL of them: the last quarter of the tiles in 3 parts, within one wave (Gemma gate+up at
-    M 8-32: 126 tiles whole, 42 in 3 parts; else the last tiles in 2 parts, exactly one wave); and where they are more than the slots (but fewer than twice as many): one wave of whole
-    tiles, the rest in WIDE_TAIL_PARTS (or 2) parts (the gate_up projections).
+    M 8-32: 126 tiles whole, 42 in 3 parts; else the last tiles in 2 parts, exactly one wave); and where they are
+    more than the slots (but fewer than twice as many): one wave of whole tiles, the rest in WIDE_TAIL_PARTS (or 2)
+    parts (the gate_up projections).
     With one (BM 128 / 256), whichever of the one-wave and the tail plans the model above says is fastest, the tail
     only where it saves >= 8%: e.g. Gemma gate+up (168 tiles) at M = 128 runs 132 tiles whole and 36 in 3 parts, one
     wave and a third instead of two waves; Qwen gate_up (400 tiles) runs 396 whole and 4 in 10 parts instead of 4
