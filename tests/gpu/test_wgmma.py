@@ -95,28 +95,72 @@ def test_tail_plan_matches_and_replays_equal(dtype):
     assert torch.equal(yg, y1)
 
 
-def test_split_sums_back_to_back_in_a_graph():
+@pytest.mark.parametrize("cluster", [False, True])
+def test_split_sums_back_to_back_in_a_graph(cluster):
     """The split-K sum kernel is the wgmma grid's programmatic dependent (scheduled early, waits for the grid in
     splitk_sum): back to back in one graph, where consecutive calls reuse the partial-sum workspace, every call's
-    sum must see its own grid's partials. Fresh x per call, outputs poisoned, each equal to the same call made
-    alone."""
+    sum must see its own grid's partials (and with the cluster sum, every cluster its own parts). Fresh x per call,
+    outputs poisoned, each equal to the same call made alone."""
     torch.manual_seed(5)
     n, k, m = 1000, 2048, 32
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
     prepared = wgmma.Prepared(*linear_args(q))
     xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(6)]
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    alone = [prepared(x, bias, splits=4) for x in xs]
+    alone = [prepared(x, bias, splits=4, cluster=cluster) for x in xs]
     ys = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in xs]
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for x, y in zip(xs, ys):
-            prepared(x, bias, y=y, splits=4)
+            prepared(x, bias, y=y, splits=4, cluster=cluster)
     g.replay()
     torch.cuda.synchronize()
     for y, a in zip(ys, alone):
         assert torch.equal(y, a)
-    _check(q, m, torch.bfloat16, bias, splits=4)
+    _check(q, m, torch.bfloat16, bias, splits=4, cluster=cluster)
+
+
+@pytest.mark.parametrize("bm", [b for b in wgmma.BLOCK_M if b <= wgmma.CLUSTER_MAX_BM])
+@pytest.mark.parametrize("splits", [2, 3, 7, 8])
+@pytest.mark.parametrize("nested, dtype", [(True, torch.bfloat16), (False, torch.float16)])
+def test_cluster_split_sum_equals_the_sum_kernel(bm, splits, nested, dtype):
+    """Split-K summed by thread block clusters (each part leaves its float32 tile in its shared memory; each block
+    of the cluster adds a share of the tile over all parts, in split order) gives the same bits as the second
+    kernel's sum of the float32 partials in global memory. K = 66 steps (no statistics quads), N = 300 ends inside
+    the last row tile, M inside one x tile and over two (a cluster per (x tile, weight tile)), bias or none; fresh
+    data, outputs poisoned; and the error against float64 within the budget."""
+    torch.manual_seed(bm * 10 + splits)
+    n, k = 300, 64 * 66
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, double_quant=nested)
+    prepared = wgmma.Prepared(*linear_args(q))
+    for m in (max(1, bm - 3), bm + 5):
+        assert prepared.launch_plan(m, dtype, bm=bm, splits=splits, cluster=True)[1:] == (splits, -(-66 // splits),
+                                                                                         0, True)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
+        ys = []
+        for cluster in (True, False):
+            y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            prepared(x, bias, y=y, bm=bm, splits=splits, cluster=cluster)
+            ys.append(y)
+        assert torch.isfinite(ys[0]).all() and torch.equal(ys[0], ys[1])
+        _check(q, m, dtype, bias, bm=bm, splits=splits, cluster=True)
+
+
+def test_cluster_sum_only_where_it_applies():
+    """The cluster sum needs every tile split in 2..8 parts at BM <= 64: forcing it elsewhere (no split, whole tiles
+    first, BM 128) is an error, not a wrong result; the default takes it only where all the clusters are resident at
+    once."""
+    q = fastnf4.quantize(torch.randn(300, 1536, device="cuda", dtype=torch.bfloat16) * 0.05)
+    prepared = wgmma.Prepared(*linear_args(q))
+    x = torch.randn(40, 1536, device="cuda", dtype=torch.bfloat16)
+    for force in (dict(splits=1), dict(splits=3, full_tiles=1), dict(bm=128, splits=3)):
+        with pytest.raises(ValueError, match="cluster"):
+            prepared(x, cluster=True, **force)
+    for m in (8, 16, 32, 64):
+        bm, s, per, full, cluster = prepared.launch_plan(m, torch.bfloat16)
+        clusters = prepared.lib.clusters.get((0, bm, int(prepared.nested), s), 0)
+        assert cluster == (wgmma.CLUSTER_SUM and full == 0 and 2 <= s <= 8 and bm <= 64 and -(-m // bm) * 3 <= clusters)
 
 
 def test_dispatch_takes_it_and_graph_replays_equal():

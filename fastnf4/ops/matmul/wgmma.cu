@@ -24,13 +24,19 @@
 // steps in the trimmed variants (kTrimMaxBM / kTrimFromBM, Cfg::kPair), whose copies then run 4-6 and x 2-3 steps ahead.
 // Epilogue: bias, conversion, a padded shared-memory transpose and 16-byte row stores of y; with split-K
 // float32 partial sums, one [M, W] slice per split, which a second kernel (splitk_sum, launched right after on the
-// same stream) adds up in split order (results do not depend on timing), with the bias, and converts.
+// same stream) adds up in split order (results do not depend on timing), with the bias, and converts. Where every
+// tile is split in S <= 8 parts that all fit on the GPU at once, the S parts of a tile can instead run as one thread
+// block cluster (Params::cluster = S): each part leaves its float32 tile in its own shared memory and, after a
+// cluster barrier, sums a 1/S share of the tile over the S blocks' shared memory (distributed shared memory), in
+// split order as splitk_sum does (the same bits), and stores it: no partial sums in global memory, no second kernel.
 //
 // Tiles and splits: blockIdx.x is the x row tile; blockIdx.y < full_tiles is weight row tile blockIdx.y over all
 // of K (stored to y directly); the blocks after those take the last tail_tiles weight row tiles ("the tail", W =
 // N - 128 full_tiles columns of y), each split into parts of steps_per_split K steps (j = blockIdx.y - full_tiles:
-// tile full_tiles + j % tail_tiles, part j / tail_tiles). Every tile split is full_tiles = 0; none is
-// tail_tiles = 0. The whole tiles are launched first and the short split blocks fill the last wave (wgmma.plan).
+// tile full_tiles + j % tail_tiles, part j / tail_tiles; a cluster launch has the same j = blockIdx.y + tail_tiles x
+// blockIdx.z, on a grid of (x tiles, tail_tiles, S) whose clusters of S blocks along z are the parts of one tile, the
+// part = the block's rank in its cluster). Every tile split is full_tiles = 0; none is tail_tiles = 0. The whole
+// tiles are launched first and the short split blocks fill the last wave (wgmma.plan).
 //
 // Copies of whole aligned 4- or 16-byte statistics words can read up to 15 bytes past the end of the absmax
 // array, never past the aligned 16-byte chunk that holds its last element (so never into another page).
@@ -64,6 +70,7 @@ struct Params {
   long long steps_per_split;   // K steps (of 64) per split part of a tail tile
   long long full_tiles;        // weight row tiles computed whole (the first ones)
   long long tail_tiles;        // weight row tiles after those, split over K (0: none)
+  long long cluster;           // > 1: every tile split in `cluster` parts, summed in a thread block cluster (no y32)
 };
 
 // What the kernel gets: the caller's parameters and the TMA descriptor of x (built per launch, see fastnf4_wgmma)
@@ -479,6 +486,78 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8
   return Pair<T>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
 }
 
+// Distributed shared memory (thread block clusters, sm_90): the shared address of the same variable in the block of
+// cluster rank r, loads from it, and the cluster-wide barrier (arrive with release, wait with acquire: shared
+// memory written before it is visible to every block of the cluster after it).
+__device__ __forceinline__ uint32_t cluster_map(uint32_t saddr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t a) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Split-K end of a cluster launch (Params::cluster = S parts of one weight row tile, cluster rank = part): every
+// block stores its float32 tile (x row m, weight row r) at red_s + 4 (kRedRow m + r) (rows padded by 4 floats: the
+// fragment's stores hit 32 banks), then block `part` sums groups [part G / S, (part + 1) G / S) of the G = 32 BM
+// groups of 4 adjacent weight rows over the S blocks in rank order (the order of splitk_sum: same bits), adds the
+// bias, rounds once and stores y. The second barrier keeps every block's shared memory alive until all have read it.
+constexpr int kRedRow = kBN + 4;
+constexpr int kClusterMaxBM = 64;  // the variants built with it (the partial tile in the table region; the host checks)
+template <typename T, int BM>
+__device__ __forceinline__ void cluster_sum(const Params& p, const float (&acc)[BM / 2], uint32_t red_s, int part,
+                                            long long m0, long long n0, int ra, int rb, int tid, int t) {
+  static_assert(BM * kRedRow * 4 <= kTableBytes, "the partial tile fits in the table region");
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * j + 2 * t + (e & 1);
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(red_s + 4u * (m * kRedRow + (e < 2 ? ra : rb))),
+                   "f"(acc[4 * j + e]) : "memory");
+    }
+  }
+  cluster_barrier();
+  const int parts = static_cast<int>(p.cluster);
+  constexpr int kGroups = BM * kBN / 4;
+  const int g0 = part * kGroups / parts, g1 = (part + 1) * kGroups / parts;
+  for (int q = g0 + tid; q < g1; q += kThreads) {
+    const int m = q / (kBN / 4), r = 4 * (q % (kBN / 4));
+    const uint32_t a = red_s + 4u * (m * kRedRow + r);
+    float4 v[8];
+#pragma unroll
+    for (int z = 0; z < 8; ++z)
+      if (z < parts) v[z] = ld_cluster_f4(cluster_map(a, z));  // all in flight before the adds
+    float4 s = v[0];
+#pragma unroll
+    for (int z = 1; z < 8; ++z)
+      if (z < parts) s.x += v[z].x, s.y += v[z].y, s.z += v[z].z, s.w += v[z].w;
+    const long long row = m0 + m, n = n0 + r;
+    if (row >= p.M) continue;
+    const float o[4] = {s.x, s.y, s.z, s.w};
+    uint16_t h[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      h[e] = Pair<T>::bits(p.bias != nullptr && n + e < p.N ? o[e] + Pair<T>::load(p.bias, n + e) : o[e]);
+    uint16_t* dst = reinterpret_cast<uint16_t*>(p.y) + row * p.N + n;
+    if (n + 3 < p.N && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (n + e < p.N) dst[e] = h[e];
+    }
+  }
+  cluster_barrier();
+}
+
 // rounded-code decode: PRMT -> (byte << 8) + 4 lane, one 4-byte load of the pair already in the input dtype
 __device__ __forceinline__ uint32_t decode_pair_rounded(uint32_t table_s, uint32_t lane4, uint32_t sel, uint32_t w) {
   return lds32(table_s + __byte_perm(w, lane4, sel));
@@ -506,10 +585,11 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #if !defined(FASTNF4_WG_NO_SUM_PDL)
   // with a split tail, the sum kernel is launched as this grid's programmatic dependent: let it be put on the GPU
   // now (it waits for this grid's completion before touching memory, see splitk_sum)
-  if (p.tail_tiles > 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (p.tail_tiles > 0 && p.cluster <= 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
-  const long long tail_j = static_cast<long long>(blockIdx.y) - p.full_tiles;
+  // (a cluster launch is a grid of (x tiles, tail_tiles, S) with clusters along z: blockIdx.z is the part)
+  const long long tail_j = static_cast<long long>(blockIdx.y) + gridDim.y * blockIdx.z - p.full_tiles;
   const bool is_part = tail_j >= 0;  // a split part of a tail tile (writes float32 partial sums)
   const long long n_tile = is_part ? p.full_tiles + tail_j % p.tail_tiles : blockIdx.y;
   const long long split = is_part ? tail_j / p.tail_tiles : 0;
@@ -838,6 +918,12 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   __syncthreads();
   // accumulator fragment: acc[4 j + e] = (weight row ra / rb for e < 2 / >= 2, x row 8 j + 2 t + (e & 1))
   const long long na = n0 + ra, nb = n0 + rb;
+  if constexpr (BM <= kClusterMaxBM) {
+    if (p.cluster > 1) {  // (then full_tiles = 0: every block is a part)
+      cluster_sum<T, BM>(p, acc, table_s, static_cast<int>(split), m0, n0, ra, rb, tid, t);
+      return;
+    }
+  }
   if (is_part) {
     const long long col0 = p.full_tiles * kBN, w = p.N - col0;
 #pragma unroll
@@ -1009,8 +1095,32 @@ int fastnf4_wgmma_ready(int dtype, int bm, int nested) {
 
 int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 
+// Clusters of `size` blocks (along z) that can be resident at once (cudaOccupancyMaxActiveClusters; 0: none / error).
+int fastnf4_wgmma_clusters(int dtype, int bm, int nested, int size) {
+  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
+  if (v.f == nullptr || size < 2 || size > 8) return 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, 1, (unsigned)size);
+  cfg.blockDim = dim3(fastnf4_wg::kThreads);
+  cfg.dynamicSmemBytes = (size_t)v.smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = (unsigned)size;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, v.f, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
 // dtype 0 = bf16, 1 = fp16; gx x row tiles; p->full_tiles whole weight row tiles, then p->tail_tiles of them in
-// `splits` parts each (the grid's y: full_tiles + tail_tiles x splits); returns a cudaError_t.
+// `splits` parts each (the grid's y: full_tiles + tail_tiles x splits); p->cluster = splits (full_tiles = 0, no y32)
+// launches clusters of `splits` blocks that sum the parts themselves; returns a cudaError_t.
 int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int splits, cudaStream_t stream) {
   const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
   if (v.f == nullptr) return (int)cudaErrorInvalidValue;
@@ -1038,11 +1148,28 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
     return (int)cudaErrorInvalidValue;
   const long long col0 = p->full_tiles * fastnf4_wg::kBN, w = p->N - col0;
   const long long gy = p->full_tiles + p->tail_tiles * splits;
+  const bool cluster = p->cluster > 1;
   if (gx < 1 || splits < 1 || p->full_tiles < 0 || p->tail_tiles < 0 || gy < 1 || gy > 65535 ||
-      (p->tail_tiles > 0) != (p->y32 != nullptr) || (p->tail_tiles > 0 && w <= 0) ||
-      (p->tail_tiles > 0 && (p->steps_per_split < 1 || (splits - 1) * p->steps_per_split >= p->K / fastnf4_wg::kStep)))
+      (p->tail_tiles > 0 && !cluster) != (p->y32 != nullptr) || (p->tail_tiles > 0 && w <= 0) ||
+      (p->tail_tiles > 0 && (p->steps_per_split < 1 || (splits - 1) * p->steps_per_split >= p->K / fastnf4_wg::kStep)) ||
+      (cluster && (p->cluster != splits || splits > 8 || p->full_tiles != 0 || p->tail_tiles < 1)) || p->cluster < 0)
     return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)&kp};
+  if (cluster) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(gx, (unsigned)p->tail_tiles, (unsigned)splits);
+    cfg.blockDim = dim3(fastnf4_wg::kThreads);
+    cfg.dynamicSmemBytes = (size_t)v.smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = (unsigned)splits;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelExC(&cfg, v.f, args);
+  }
   cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
   if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
   // split-K: the partial slices are complete when the next kernel on the stream starts

@@ -22,6 +22,12 @@ ROWS = 128         # weight rows per block (kBN)
 BLOCK_M = (8, 16, 32, 64, 128, 256)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
 MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_RULES; a test ties the two)
+# Split-K summed inside the kernel by thread block clusters (wgmma.cu cluster_sum): where every weight row tile is split
+# in 2..CLUSTER_MAX parts (a cluster each, the portable cluster size limit) and all the clusters are resident at once,
+# at BM <= CLUSTER_MAX_BM (the partial tile must fit in the table region). FASTNF4_WG_CLUSTER=0 turns it off.
+CLUSTER_MAX = 8
+CLUSTER_MAX_BM = 64
+CLUSTER_SUM = os.environ.get("FASTNF4_WG_CLUSTER", "1") != "0"
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 
 
@@ -32,7 +38,7 @@ class Params(ctypes.Structure):
         ("x", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("y32", ctypes.c_void_p),
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong),
         ("log2_blocksize", ctypes.c_longlong), ("steps_per_split", ctypes.c_longlong),
-        ("full_tiles", ctypes.c_longlong), ("tail_tiles", ctypes.c_longlong),
+        ("full_tiles", ctypes.c_longlong), ("tail_tiles", ctypes.c_longlong), ("cluster", ctypes.c_longlong),
     ]
 
 
@@ -46,12 +52,18 @@ class _Lib:
         lib.fastnf4_wgmma_ready.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_wgmma_ready.restype = ctypes.c_int
         lib.fastnf4_wgmma_params_size.restype = ctypes.c_int
+        lib.fastnf4_wgmma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.fastnf4_wgmma_clusters.restype = ctypes.c_int
         if lib.fastnf4_wgmma_params_size() != ctypes.sizeof(Params):
             raise RuntimeError("wgmma.cu Params layout differs from the ctypes mirror")
         # every variant's attributes set now: this loads the module, so a launch inside a graph capture never
         # triggers lazy loading
         self.ready = {(d, bm, nested): lib.fastnf4_wgmma_ready(d, bm, nested)
                       for d in (0, 1) for bm in BLOCK_M for nested in (0, 1)}
+        # clusters of s blocks resident at once, for the cluster split-K sum (asked now, never during a capture)
+        self.clusters = {(d, bm, nested, s): lib.fastnf4_wgmma_clusters(d, bm, nested, s)
+                         for d in (0, 1) for bm in BLOCK_M if bm <= CLUSTER_MAX_BM for nested in (0, 1)
+                         for s in range(2, CLUSTER_MAX + 1)}
 
 
 @functools.cache
@@ -238,41 +250,61 @@ class Prepared:
             N=n, K=k, log2_blocksize=blocksize.bit_length() - 1,
         )
 
-    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None = None, y: torch.Tensor | None = None,
-                 bm: int | None = None, splits: int | None = None, full_tiles: int | None = None) -> torch.Tensor:
-        """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias).
-        ``bm`` / ``splits`` / ``full_tiles`` force a variant (tests, probes): ``splits`` parts of K for every weight
-        row tile after the first ``full_tiles`` (default 0)."""
-        m, n, k = x2d.shape[0], self.n, self.k
+    def launch_plan(self, m: int, dtype: torch.dtype, bm: int | None = None, splits: int | None = None,
+                    full_tiles: int | None = None, cluster: bool | None = None) -> tuple[int, int, int, int, bool]:
+        """(BM, splits, steps per split, whole tiles, cluster sum) of a call with M rows of ``dtype``; the keywords
+        force a variant as in ``__call__``."""
+        n, k = self.n, self.k
         bm = bm or block_m(m)
         steps = k // STEP
         n_tiles = -(-n // ROWS)
         if splits is None:
-            blocks = self.lib.ready[(_DTYPES[x2d.dtype], bm, int(self.nested))]
+            blocks = self.lib.ready[(_DTYPES[dtype], bm, int(self.nested))]
             s, per, full = plan(m, n, k, self.lib.sms * blocks, bm, blocks)
         else:
             s, per = _split_steps(steps, splits)
             full = n_tiles if s == 1 else min(n_tiles - 1, full_tiles or 0)
-        tail = n_tiles - full
+        can = full == 0 and 2 <= s <= CLUSTER_MAX and bm <= CLUSTER_MAX_BM
+        if cluster is None:
+            cluster = (CLUSTER_SUM and can and
+                       -(-m // bm) * n_tiles <= self.lib.clusters[(_DTYPES[dtype], bm, int(self.nested), s)])
+        elif cluster and not can:
+            raise ValueError(f"wgmma: no cluster split-K sum for {s} parts, {full} whole tiles, BM {bm}")
+        return bm, s, per, full, bool(cluster)
+
+    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None = None, y: torch.Tensor | None = None,
+                 bm: int | None = None, splits: int | None = None, full_tiles: int | None = None,
+                 cluster: bool | None = None) -> torch.Tensor:
+        """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias).
+        ``bm`` / ``splits`` / ``full_tiles`` force a variant (tests, probes): ``splits`` parts of K for every weight
+        row tile after the first ``full_tiles`` (default 0). ``cluster`` forces the split-K sum: True in thread block
+        clusters (every tile split, at most CLUSTER_MAX parts, BM <= CLUSTER_MAX_BM; ValueError otherwise), False by
+        the second kernel; None: clusters where all of them are resident at once (and CLUSTER_SUM)."""
+        m, n, k = x2d.shape[0], self.n, self.k
+        bm, s, per, full, cluster = self.launch_plan(m, x2d.dtype, bm, splits, full_tiles, cluster)
+        steps = k // STEP
+        tail = -(-n // ROWS) - full
+        m_tiles = -(-m // bm)
         if y is None:
             y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-        y32 = torch.empty(s, m, n - full * ROWS, dtype=torch.float32, device=x2d.device) if tail else None
+        y32 = torch.empty(s, m, n - full * ROWS, dtype=torch.float32, device=x2d.device) if tail and not cluster else None
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
         p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per if tail else steps
-        p.full_tiles, p.tail_tiles = full, tail
+        p.full_tiles, p.tail_tiles, p.cluster = full, tail, s if cluster else 0
         p.bias = bias.data_ptr() if bias is not None else None  # for the tail applied by the sum kernel
         p.y32 = y32.data_ptr() if y32 is not None else None
-        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), -(-m // bm),
+        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), m_tiles,
                                         s, torch._C._cuda_getCurrentRawStream(self.index))
         if rc != 0:
             raise RuntimeError(f"wgmma launch failed (cudaError {rc})")
-        return y  # with split-K, wgmma.cu's second kernel added the partials in split order, the bias, and rounded
+        # with split-K, the clusters or wgmma.cu's second kernel added the partials in split order, the bias, and rounded
+        return y
 
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, bm: int | None = None, splits: int | None = None,
-           full_tiles: int | None = None) -> torch.Tensor:
-    """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` / ``full_tiles`` force a
-    variant (tests, probes; see ``Prepared.__call__``)."""
+           full_tiles: int | None = None, cluster: bool | None = None) -> torch.Tensor:
+    """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` / ``full_tiles`` /
+    ``cluster`` force a variant (tests, probes; see ``Prepared.__call__``)."""
     return Prepared(packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles)
+                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles, cluster)
