@@ -360,7 +360,8 @@ def test_small_weight_kernels_take_the_kv_projections():
         elif layer != "k+v":  # nothing larger (Qwen q, 21 MB: 17.0 vs 14.9 us)
             assert pick not in (gemv_mma.SPLIT, gemv_mma.SMALL)
     assert gemv_mma.choose(2, 1024, 8192, 2) == gemv_mma.SMALL  # the split kernel is M = 1 only
-    assert gemv_mma.choose(2, 2048, 5376, 2) == gemv_mma.variant(2)  # slower than the tensor-core kernel at M = 2
+    # slower than the tensor-core kernels at M = 2
+    assert gemv_mma.choose(2, 2048, 5376, 2) in (gemv_mma.variant(2), gemv_mma.DECODE_WIDE)
     assert gemv_mma.choose(3, 1024, 5120, 2) == gemv_mma.variant(3)
     assert not gemv_mma.small_fits(1, 32768, 2)  # x must fit its 32 KiB shared-memory staging
     assert gemv_mma.choose(1, 64, 32768, 2) != gemv_mma.SPLIT
@@ -376,11 +377,30 @@ def test_wide_decode_kernel_takes_the_mid_weights_at_m1():
         assert picks[("llama-3.3-70b", layer)] == gemv_mma.DECODE_WIDE
     for model, layer in (("qwen3-32b", "q"), ("qwen3-32b", "o"), ("qwen3-32b", "qkv"), ("gemma-3-27b", "qkv")):
         assert picks[(model, layer)] == gemv_mma.DECODE_WIDE  # (Gemma q / o: the split small-weight kernel)
-    # Llama gate_up and Qwen gate+up measured slower with it: the 16-warp kernel
+    # Llama gate_up and Qwen gate+up measured slower with it (session 13): by size, the 16-warp kernel
     assert picks[("llama-3.3-70b", "gate_up")] == gemv_mma.variant(1)
     assert picks[("qwen3-32b", "gate+up")] == gemv_mma.variant(1)
-    # M = 2 was not measured with it
-    assert gemv_mma.choose(2, 8192, 5120, 2) == gemv_mma.variant(2)
+    # at M = 2 as at M = 1 (session 19)
+    assert gemv_mma.choose(2, 8192, 5120, 2) == gemv_mma.DECODE_WIDE
+
+
+def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
+    """Above WIDE_MAX_ELEMS the 20-warp kernel takes the weights whose 16-warp plan has no block-local split-K
+    (H200, 132 SMs x 16 warps, session 19: measured faster on four of the six, 1.8-1.9% slower on Gemma gate+up /
+    down); the ones with a block-local plan keep 16 warps."""
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma
+
+    wide = {(model, layer) for model, layer, n, k in model_shapes() if gemv_mma.wide_above_max(1, n, k, 132, 16)}
+    assert wide == {("qwen3-32b", "down"), ("qwen3-32b", "gate+up"), ("llama-3.3-70b", "gate+up"),
+                    ("gemma-3-27b", "gate+up"), ("gemma-3-27b", "down"), ("gemma-3-27b", "gate_up")}
+    for model, layer, n, k in model_shapes():
+        if n * k <= gemv_mma.WIDE_MAX_ELEMS:  # chosen by size (``choose``) instead
+            assert not gemv_mma.wide_above_max(1, n, k, 132, 16) and not gemv_mma.wide_above_max(2, n, k, 132, 16)
+        s, per = gemv_mma.plan(1, n, k, 132 * 16, split_cost=gemv_mma.DECODE_SPLIT_COST)
+        local = gemv_mma.local_plan(n, k, 132, 16, s, per)
+        assert local is None or (local[0] * local[2] <= 16 and local[1] >= 4)  # whole tiles per block, >= 4 slices
+    assert not gemv_mma.wide_above_max(3, 28672, 8192, 132, 16)  # the GEMM kernel's M
 
 
 def test_pdl_decision_never_touches_a_gpu(monkeypatch):

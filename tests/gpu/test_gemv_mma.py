@@ -134,6 +134,62 @@ def test_many_items_per_worker_and_short_phases(blocksize, nested):
                 assert torch.equal(y, y2), (m, splits, kernel)
 
 
+@pytest.mark.parametrize("n, k", [(1000, 4128), (3000, 5376), (40000, 1536)])
+@pytest.mark.parametrize("nested, dtype", [(True, torch.bfloat16), (False, torch.float16)])
+def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
+    """The decode kernel's block-local split-K (a tile's S parts on S warps of one block, added in shared memory
+    after a block barrier) gives the bits of the global settle (float32 partials in global memory, summed by the
+    last arrival) for the same plan: both add the parts in split order. S that divide the block's warps and S that
+    do not, many rounds per warp (40000 rows), M = 1 and 2, both decode kernels (16 and 20 warps), bias or none;
+    fresh data, outputs poisoned; and the arithmetic model holds, also for the default plan and in a graph."""
+    torch.manual_seed(n + k)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=64, double_quant=nested)
+    slices = -(-k // 128)
+    for m in (1, 2):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m == 1 else None
+        ref = _model(q, x, bias)
+        tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
+        for kernel in (0, gemv_mma.DECODE_WIDE):
+            for s in (2, 3, 5, 8):
+                per = -(-slices // s)
+                if -(-slices // per) != s:
+                    continue
+                ys = []
+                for local in (True, False):
+                    y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                    gemv_mma.launch(x, *linear_args(q, bias), y=y, splits=(s, per), kernel=kernel, local=local)
+                    ys.append(y)
+                assert torch.isfinite(ys[0]).all() and torch.equal(ys[0], ys[1]), (m, kernel, s)
+                assert ((ys[0].double() - ref).abs() <= tol).all(), (m, kernel, s)
+        y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        gemv_mma.launch(x, *linear_args(q, bias), y=y, kernel=0)
+        assert ((y.double() - ref).abs() <= tol).all()
+        prepared = gemv_mma.Prepared(x, *linear_args(q, bias), splits=(2, -(-slices // 2)), kernel=0, local=True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = prepared(x)
+        yg.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, prepared(x)) and ((yg.double() - ref).abs() <= tol).all()
+
+
+def test_block_local_split_k_refuses_what_it_cannot_do():
+    """Forcing the block-local split-K where it does not apply is an error that names it, not a wrong result: the
+    GEMM kernel (M > 2), more parts than the block has warps, more rounds than its partial-sum slots."""
+    q = fastnf4.quantize(torch.randn(40000, 1536, device="cuda", dtype=torch.bfloat16) * 0.05)
+    for m, splits in ((4, (2, 6)), (1, (24, 1))):
+        x = torch.randn(m, 1536, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="block-local"):
+            gemv_mma.launch(x, *linear_args(q), splits=splits, kernel=gemv_mma.variant(m) if m > 2 else 0,
+                            local=True)
+    big = fastnf4.quantize(torch.randn(524288, 256, device="cuda", dtype=torch.bfloat16) * 0.05)
+    x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="block-local"):  # 32768 tiles: > 16 rounds of 8 per block below 256 SMs
+        gemv_mma.launch(x, *linear_args(big), splits=(2, 1), kernel=0, local=True)
+
+
 def test_unaligned_nested_codes():
     # 8-bit absmax codes at an odd address (a view into a larger buffer): the kernel must not copy them with
     # 4-byte cp.async (it stages them synchronously instead) and must give the same result

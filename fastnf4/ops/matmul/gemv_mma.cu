@@ -22,7 +22,10 @@
 //
 // Split-K: a work item is (row tile(s), K range). With S > 1 ranges the warps write float32 partial sums and
 // the last of them (an atomic counter per 16-row tile, reset by that warp) adds the S partials in a fixed
-// order, so results do not depend on timing. Warps/blocks are persistent: grid = resident blocks.
+// order, so results do not depend on timing. Warps/blocks are persistent: grid = resident blocks. The decode
+// kernel can instead keep the S ranges of a tile inside one block (Params::local): its first U = (tiles per
+// block) x S warps take the items, the float32 partial sums stay in shared memory, and after one block barrier
+// the block adds them in the same split order (the same bits): no fence, atomics or global partials.
 //
 // Requirements checked by the caller: K % 32 == 0, K < 2^31, x and y contiguous with 16-byte aligned rows,
 // packed 16-byte aligned, blocksize >= 32, nested statistics in blocks of 256 (bitsandbytes' only value).
@@ -54,6 +57,7 @@ struct Params {
   long long slices_per_split;
   const float* code;           // [16] values of the 4-bit codes (nf4 or fp4)
   long long code_const;        // code is fastnf4's own table, never written by a kernel: read before pdl_wait
+  long long local;             // decode kernel: > 0 = U, split-K inside each block (see gemv_mma_pipe), else 0
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -161,9 +165,11 @@ __device__ __forceinline__ void settle_splits(const Params& p, long long first, 
 // End of a decode-kernel work item (16 rows of one K range): each lane's two chunk columns plus its
 // neighbour's give one (x row, weight row) dot product; lane t holds x row m = 2c + t / 2. With split-K these
 // are partial sums, added up by ``settle_splits`` when the kernel ends.
+// With the block-local split-K (``slot_s`` != 0, M <= 2) they go to shared memory instead: 16 rows x 2 x rows of
+// float32 at slot_s (x row m, tile row r at + 4 (16 m + r)).
 template <typename T, int CG>
 __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[CG][4], long long tile,
-                                            long long split, int lane) {
+                                            long long split, int lane, uint32_t slot_s = 0) {
   const int g = lane >> 2, t = lane & 3;
   const long long rowA = tile * 16 + g;
 #pragma unroll
@@ -172,8 +178,14 @@ __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[
     vA += __shfl_xor_sync(0xffffffffu, vA, 1);
     vB += __shfl_xor_sync(0xffffffffu, vB, 1);
     if ((t & 1) == 0) {
-      put<T>(p, split, 2 * c + (t >> 1), rowA, vA);
-      put<T>(p, split, 2 * c + (t >> 1), rowA + 8, vB);
+      if (slot_s != 0) {
+        const uint32_t a = slot_s + 4u * (16 * (2 * c + (t >> 1)) + g);
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(vA) : "memory");
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a + 32), "f"(vB) : "memory");
+      } else {
+        put<T>(p, split, 2 * c + (t >> 1), rowA, vA);
+        put<T>(p, split, 2 * c + (t >> 1), rowA + 8, vB);
+      }
     }
   }
 }
@@ -554,7 +566,9 @@ struct Cursor {
   int split, slice, s_end;
 };
 
-template <typename T, int CG, bool kNested, int kCfg = 0>
+// kLocal: the block-local split-K build (Params::local > 0; a separate instantiation, so that the global settle's
+// kernel is the one measured before it: its SASS does not change).
+template <typename T, int CG, bool kNested, int kCfg = 0, bool kLocal = false>
 __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   using C = pipe::Cfg<CG, kCfg>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
@@ -588,6 +602,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
   const uint32_t nested_s = static_cast<uint32_t>(__cvta_generic_to_shared(nested_code));
   const uint32_t lane_base = (smem_s + tpad) | (4 * lane);  // table address (a multiple of 65536) | 4 l
+  // the upper 128 bytes of each 256-byte table entry are free: the block-local split-K keeps partial sums there
+  const uint32_t holes_s = smem_s + tpad + 128;
+  uint32_t round = 0;  // work items this warp has finished
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
   const long long N = p.N, K = p.K;
   const int K32 = static_cast<int>(K);  // the host keeps K < 2^31
@@ -596,8 +613,11 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const int splits = static_cast<int>(p.splits);
   const int slices = static_cast<int>((K + kSlice - 1) / kSlice);
   const int per = static_cast<int>(p.slices_per_split);
-  const long long warp0 = (long long)blockIdx.x * C::kWarps + warp;
-  const long long warps = (long long)gridDim.x * C::kWarps;
+  // block-local split-K (p.local = U): the block's first U warps take items b U + w (+ gridDim U per round), i.e. U / S
+  // whole tiles per round; the others none (their first item is past the end)
+  const long long U = kLocal ? p.local : C::kWarps;
+  const long long warp0 = !kLocal || warp < U ? (long long)blockIdx.x * U + warp : tiles * p.splits;
+  const long long warps = (long long)gridDim.x * U;
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
@@ -797,7 +817,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     if (++cp.slice < cp.s_end) return;
 
     // the work item is complete: write its 16 rows (partial sums with split-K), then move to the next item
-    finish_item<T, CG>(p, acc, cp.tile, cp.split, lane);
+    // (block-local split-K: this warp's round-th item goes to table hole round x kWarps + warp)
+    if constexpr (kLocal) {
+      finish_item<T, CG>(p, acc, cp.tile, cp.split, lane, holes_s + 256u * (round * C::kWarps + warp));
+      ++round;
+    } else {
+      finish_item<T, CG>(p, acc, cp.tile, cp.split, lane);
+    }
 #pragma unroll
     for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
     --cp.slice;
@@ -814,6 +840,31 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     step(xb2, xb, w2, w1);
   }
   cp_async_wait<0>();
+  if constexpr (kLocal) {
+    // block-local split-K: the S partials of each of this block's tiles (round i, local tile lt: tile (b + i G) U / S
+    // + lt, split s in hole i kWarps + lt S + s) added in split order, as sum_tile does, (+ bias) and stored
+    __syncthreads();
+    const int tpb = static_cast<int>(U) / splits, m_rows = static_cast<int>(p.M);
+    const int per_round = tpb * 16 * m_rows;
+    for (int e = threadIdx.x;; e += C::kThreads) {
+      const int i = e / per_round, rem = e - i * per_round;
+      const long long first = ((long long)blockIdx.x + (long long)i * gridDim.x) * tpb;
+      if (i * C::kWarps >= 256 || first >= tiles) break;
+      const int lt = rem / (16 * m_rows), mr = rem - lt * 16 * m_rows, m = mr >> 4, r = mr & 15;
+      const long long row = (first + lt) * 16 + r;
+      if (row >= N) continue;
+      const uint32_t a = holes_s + 256u * (i * C::kWarps + lt * splits) + 4u * (16 * m + r);
+      float v = 0.f;
+      for (int z = 0; z < splits; ++z) {
+        float q;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(q) : "r"(a + 256u * z) : "memory");
+        v += q;
+      }
+      if (p.bias) v += Pair<T>::load(p.bias, row);
+      Pair<T>::store(p.y, m * N + row, v);
+    }
+    return;
+  }
 #ifndef FASTNF4_DIAG_NO_SETTLE
   settle_splits<T>(p, warp0, warps, tiles * splits, 1, 0, lane);
 #endif
@@ -1340,8 +1391,21 @@ void* pick(int variant) {
   }
   return nullptr;
 }
+// the decode kernels' block-local split-K builds (variants 0 / 5 only)
+template <typename T, bool kNested>
+void* pick_local(int variant) {
+  switch (variant) {
+    case 0: return (void*)gemv_mma_pipe<T, 1, kNested, 0, true>;
+    case 5: return (void*)gemv_mma_pipe<T, 1, kNested, 1, true>;
+  }
+  return nullptr;
+}
 
-void* kernel_for(int dtype, int variant, int nested) {
+void* kernel_for(int dtype, int variant, int nested, bool local = false) {
+  if (local) {
+    if (dtype == 0) return nested ? pick_local<__nv_bfloat16, true>(variant) : pick_local<__nv_bfloat16, false>(variant);
+    return nested ? pick_local<__half, true>(variant) : pick_local<__half, false>(variant);
+  }
   if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(variant) : pick<__nv_bfloat16, false>(variant);
   return nested ? pick<__half, true>(variant) : pick<__half, false>(variant);
 }
@@ -1382,26 +1446,34 @@ using fastnf4_mma::Params;
 
 extern "C" {
 
-// Resident blocks per SM for a kernel variant (0 when it does not exist or does not fit on this GPU).
+// Resident blocks per SM for a kernel variant (0 when it does not exist or does not fit on this GPU); for the
+// decode kernels the lower of the global-settle and block-local builds (both get their attributes set here).
 int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested);
-  if (f == nullptr) return 0;
-  const int smem = fastnf4_mma::smem_for(variant);
-  // the tensor-core kernels want all the shared memory they can get; the split small-weight kernel (x only, a
-  // few KiB per block) keeps the L1 the driver would leave it
-  if (variant != 6)
-    cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+  int least = -1;
+  for (int local = 0; local < 2; ++local) {
+    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, local != 0);
+    if (f == nullptr) {
+      if (local) break;
+      return 0;
+    }
+    const int smem = fastnf4_mma::smem_for(variant);
+    // the tensor-core kernels want all the shared memory they can get; the split small-weight kernel (x only, a
+    // few KiB per block) keeps the L1 the driver would leave it
+    if (variant != 6)
+      cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, fastnf4_mma::threads_for(variant), smem) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    least = least < 0 || blocks < least ? blocks : least;
   }
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, fastnf4_mma::threads_for(variant), smem) !=
-      cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return blocks;
+  return least;
 }
 
 // Warps per block and weight rows per work item of a kernel variant.
@@ -1412,7 +1484,7 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested);
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local > 0);
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
   cudaLaunchConfig_t cfg = {};

@@ -28,6 +28,7 @@ class Params(ctypes.Structure):
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong), ("blocksize", ctypes.c_longlong),
         ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
+        ("local", ctypes.c_longlong),
     ]
 
 
@@ -103,7 +104,10 @@ DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block ins
 # probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
 # 15.0 us, Llama qkv 23.9 -> 22.3, q+o 20.1 -> 19.8, Qwen q 16.1 -> 14.9, Qwen qkv 18.2 -> 17.3, Gemma qkv 16.8 ->
 # 16.1, Gemma q 12.7 -> 12.4, Gemma o equal) and mixed above (Llama gate_up 96.7 -> 100.4, Qwen gate+up 35.2 -> 37.5),
-# also at a power-capped clock (Qwen q at 1455 MHz: 20.5 vs 16.7 us; probe_clock.py). M = 2: not measured.
+# also at a power-capped clock (Qwen q at 1455 MHz: 20.5 vs 16.7 us; probe_clock.py). M = 2 since session 19 too
+# (probe_decode.py FASTNF4_PROBE_M=2, both kernels with the block-local split-K where it applies: Qwen q 13.7 vs 15.0,
+# Qwen o 15.4 vs 17.3, Gemma qkv 14.8 vs 15.6, Llama q+o 18.9 vs 19.2, Gemma q 10.6 vs 10.8, Llama qkv 21.6 vs 21.8).
+# Above it, ``wide_above_max`` decides.
 WIDE_MAX_ELEMS = 96 * 2**20
 SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXBytes)
 # Weights of at most this many elements (N * K) take it at M = 2. H200 (benchmarks/probe_small_kernel.py, graph
@@ -130,15 +134,30 @@ def small_fits(m: int, k: int, elem_bytes: int) -> bool:
 
 
 def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
-    """The variant a call takes: the split small-weight kernel for small weights at M = 1, the small-weight kernel
-    for small weights at M = 2, the 20-warp decode kernel for mid-size weights at M = 1, else ``variant(m)``."""
+    """The variant a call takes by its size: the split small-weight kernel for small weights at M = 1, the
+    small-weight kernel for small weights at M = 2, the 20-warp decode kernel for mid-size weights at M <= 2, else
+    ``variant(m)`` (``Prepared`` may still move a large weight at M <= 2 to the 20-warp kernel: ``wide_above_max``)."""
     if m == 1 and n * k <= SPLIT_MAX_ELEMS and small_fits(m, k, elem_bytes):
         return SPLIT
     if m == 2 and n * k <= SMALL_MAX_ELEMS and small_fits(m, k, elem_bytes):
         return SMALL
-    if m == 1 and n * k <= WIDE_MAX_ELEMS:
+    if m <= 2 and n * k <= WIDE_MAX_ELEMS:
         return DECODE_WIDE
     return variant(m)
+
+
+def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
+    """Whether a weight of more than WIDE_MAX_ELEMS elements at M <= 2 takes the 20-warp decode kernel: where the
+    16-warp kernel's plan (``blocks`` resident blocks of ``block_warps`` warps) has no block-local split-K, so pays
+    the global settle or runs unsplit. H200 (probe_decode.py 0 w, FASTNF4_PROBE_SET=big, two rounds, session 19), us
+    at M = 1 (M = 2) 16 -> 20 warps: Qwen down 32.7 -> 31.7 (33.5 -> 32.5), Qwen gate+up 35.2 -> 33.4 (36.4 -> 34.5),
+    Llama gate+up 52.6 -> 51.1 (54.8 -> 53.7), Gemma gate_up 52.7 -> 50.6 (54.1 -> 53.7), but Gemma gate+up 30.1 ->
+    30.6 (30.6 -> 31.5) and Gemma down 28.7 -> 29.3 (29.6 -> 30.3); where the 16-warp plan is block-local, 16 warps
+    stayed ahead (Llama gate_up 89.9 vs 92.8, Qwen gate_up 54.0 vs 55.6, Llama down 47.7 vs 47.9)."""
+    if m > 2 or n * k <= WIDE_MAX_ELEMS:
+        return False
+    s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
+    return local_plan(n, k, blocks, block_warps, s, per) is None
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
@@ -179,21 +198,59 @@ def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True, rows: int
     return best
 
 
+# Block-local split-K of the decode kernel (gemv_mma.cu, Params::local): the S parts of a 16-row tile run on S warps
+# of one block and are added in shared memory after a block barrier, instead of the fence, atomic counter and float32
+# partials in global memory of the settle (which cost 2.3-7 us per call at M = 1: H200, probe_decode.py with
+# FASTNF4_DIAG_NO_SETTLE, session 19). A block then takes U / S whole tiles per round (U <= its warps), so some splits
+# leave warps idle; ``local_plan`` takes it only where its rounds x (slices per split + ITEM_COST) are no more than the
+# global plan's (ITEM_COST: a work item's own statistics phase and start, in slices).
+LOCAL_HOLES = 256  # partial-sum slots per block (the table's free halves): rounds x warps per block must fit
+ITEM_COST = 1
+
+
+def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int) -> tuple[int, int, int] | None:
+    """(S, slices per split, tiles per block and round) of the block-local split-K for ``blocks`` resident blocks
+    of ``block_warps`` warps, or None where the global plan (``splits``, ``per``) costs less (or does not split).
+    The least cost per warp (rounds x (slices per split + ITEM_COST)), the fewest parts among equals."""
+    if splits <= 1:
+        return None
+    tiles, slices = -(-n // 16), -(-k // SLICE)
+    global_cost = -(-tiles * splits // (blocks * block_warps)) * (per + ITEM_COST)
+    best = None
+    for s in range(2, min(16, block_warps) + 1):
+        p = -(-slices // s)
+        if p < 4 or -(-slices // p) != s:
+            continue
+        tpb = block_warps // s
+        rounds = -(-tiles // (blocks * tpb))
+        if rounds * block_warps > LOCAL_HOLES:
+            continue
+        cost = rounds * (p + ITEM_COST)
+        if best is None or cost < best[0]:
+            best = (cost, s, p, tpb)
+    return best[1:] if best is not None and best[0] <= global_cost else None
+
+
 class Prepared:
     """One weight's launch for a fixed M, dtype and bias: the plan, the grid and the kernel arguments worked out
     once, so that a call only fills in x, y and the split-K workspace and launches (~10 us of host time instead
     of ~25 us for working it all out again; ``ops/matmul/eager.py`` keeps these per weight)."""
 
-    __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device", "pdl")
+    __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device", "pdl",
+                 "local")
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                 nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None):
+                 nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None,
+                 local: bool | None = None):
         index = _index(x2d.device)
         lib = _lib_for(index)
         m = x2d.shape[0]
         nested = nested_code is not None
         dt = _DTYPES[x2d.dtype]
         v = choose(m, n, k, x2d.element_size()) if kernel is None else kernel
+        if (kernel is None and v == 0 and local is not False and lib.occupancy[(dt, 0, int(nested))] > 0 and
+                wide_above_max(m, n, k, lib.sms * lib.occupancy[(dt, 0, int(nested))], lib.warps[0])):
+            v = DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if v == SPLIT and m != 1:
@@ -212,10 +269,28 @@ class Prepared:
         # the decode kernel's workers are warps (one 16-row item each), the GEMM kernel's are blocks
         per_block = lib.warps[v] if rows == 16 else 1
         cost = DECODE_SPLIT_COST if m <= 2 and v in (0, DECODE_WIDE) else SPLIT_COST
-        s, per = splits or plan(m, n, k, sms * occ * per_block,
-                                allow_split=counters is not None and tiles <= _COUNTERS, rows=rows, split_cost=cost)
+        decode = m <= 2 and v in (0, DECODE_WIDE)
+        tpb = 0  # tiles per block and round of the block-local split-K (0: off)
+        if decode and local is not False and splits is None:
+            s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
+            lp = local_plan(n, k, sms * occ, per_block, s, per)
+            if lp is not None:
+                s, per, tpb = lp
+            elif local:
+                raise ValueError("gemv_mma: no block-local split-K plan for this weight")
+        elif local:
+            if not decode or splits is None:
+                raise ValueError("gemv_mma: the block-local split-K is the decode kernel's (M <= 2)")
+            s, per = splits
+            tpb = per_block // s if 1 < s <= per_block else 0
+            if tpb == 0 or -(-tiles // (sms * occ * tpb)) * per_block > LOCAL_HOLES:
+                raise ValueError(f"gemv_mma: no block-local split-K of {s} parts here")
+        if tpb == 0:
+            s, per = splits or plan(m, n, k, sms * occ * per_block,
+                                    allow_split=counters is not None and tiles <= _COUNTERS, rows=rows,
+                                    split_cost=cost)
         per = max(1, min(int(per), -(-k // SLICE)))
-        if s < 1 or (s > 1 and (counters is None or tiles > _COUNTERS)):
+        if s < 1 or (s > 1 and tpb == 0 and (counters is None or tiles > _COUNTERS)):
             raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
         items = -(-n // rows) * s
         self.lib, self.index, self.m, self.n, self.dtype, self.dt, self.v = lib, index, m, n, x2d.dtype, dt, v
@@ -225,7 +300,8 @@ class Prepared:
         self.pdl = int(os.environ.get("FASTNF4_PDL_MMA", "0") == "1" and _triton.pdl(x2d.device, triton_kernel=False))
         # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to
         # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
-        self.grid = -(-items // per_block) if v == SPLIT else min(sms * occ, -(-items // per_block))
+        self.grid = (-(-items // per_block) if v == SPLIT else min(sms * occ, -(-tiles // tpb)) if tpb else
+                     min(sms * occ, -(-items // per_block)))
         self.params = Params(
             packed=packed.data_ptr(), absmax=absmax.data_ptr(),
             nested_code=nested_code.data_ptr() if nested else None,
@@ -235,7 +311,9 @@ class Prepared:
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
             code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
+            local=tpb * s,
         )
+        self.local = tpb > 0
 
     def __call__(self, x2d: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight; no checks here."""
@@ -245,7 +323,7 @@ class Prepared:
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
         p.x, p.y = x2d.data_ptr(), y.data_ptr()
         partial = None  # held until the launch is queued; the stream-ordered allocator keeps it for the kernel
-        if self.splits > 1:
+        if self.splits > 1 and not self.local:
             partial = torch.empty(self.splits, m, n, dtype=torch.float32, device=self.device)
             p.partial = partial.data_ptr()
         rc = self.lib.lib.fastnf4_gemv_mma(ctypes.byref(p), self.dt, self.v, self.nested, self.grid,
@@ -257,6 +335,9 @@ class Prepared:
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
-           kernel: int | None = None) -> torch.Tensor:
+           kernel: int | None = None, local: bool | None = None) -> torch.Tensor:
+    """``splits`` = (S, slices per split) / ``kernel`` / ``local`` force a plan (tests, probes): ``local`` True the
+    block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where it cannot), False
+    the global settle; None: ``local_plan`` decides."""
     return Prepared(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
-                    bias, splits, kernel)(x2d, y)
+                    bias, splits, kernel, local)(x2d, y)
