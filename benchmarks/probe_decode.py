@@ -1,9 +1,10 @@
 """Decode kernel (M = 1) on the large weights: time per split-K choice and % of the NF4 byte floor, for the
 build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE_M = x rows (default 1; 3-32 take
-the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / big. S = 0: the default plan (with the
-block-local split-K where gemv_mma.local_plan takes it), g: the default plan with the global settle, w: the 20-warp
-decode kernel's default plan (block-local where it takes it), else S splits (global settle). FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0"
-plans that need the block-local split-K it may lack: use g). usage: python benchmarks/probe_decode.py [S|g ...]"""
+the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / big / small. S = 0: the default
+plan (with the block-local split-K where gemv_mma.local_plan takes it), g: the default plan with the global settle,
+w: the 20-warp decode kernel's default plan (block-local where it takes it), else S splits (global settle).
+FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
+block-local split-K it may lack: use g). usage: python benchmarks/probe_decode.py [S|g|w ...]"""
 import os
 import sys
 
@@ -27,7 +28,9 @@ GATE_UP = [(28672, 8192), (21504, 5376)]
 # Gemma gate_up / down (the other model weights of > 96M elements)
 GEMMA_BIG = [(43008, 5376), (5376, 21504)]
 SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID, "gateup": GATE_UP, "every": LARGE + MID + GATE_UP,
-        "big": [(5120, 25600), (25600, 5120), (28672, 8192), (21504, 5376)] + GEMMA_BIG}
+        "big": [(5120, 25600), (25600, 5120), (28672, 8192), (21504, 5376)] + GEMMA_BIG,
+        # the split small-weight kernel's weights at M = 1 (Gemma q / o, the k/v projections)
+        "small": [(4096, 5376), (5376, 4096), (1024, 8192), (1024, 5120), (2048, 5376)]}
 for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w)
