@@ -401,6 +401,12 @@ def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
         local = gemv_mma.local_plan(n, k, 132, 16, s, per)
         assert local is None or (local[0] * local[2] <= 16 and local[1] >= 4)  # whole tiles per block, >= 4 slices
     assert not gemv_mma.wide_above_max(3, 28672, 8192, 132, 16)  # the GEMM kernel's M
+    # below it, the split kernel's weights of > WIDE_LOCAL_MIN_ELEMS go to the 20-warp kernel where its plan is
+    # block-local (``wide_for_split``): on the model weights Gemma q only (Gemma o has none; k/v are smaller)
+    moved = {(model, layer) for model, layer, n, k in model_shapes()
+             if gemv_mma.choose(1, n, k, 2) == gemv_mma.SPLIT and gemv_mma.wide_for_split(1, n, k, 132, 20)}
+    assert moved == {("gemma-3-27b", "q")}
+    assert not gemv_mma.wide_for_split(2, 4096, 5376, 132, 20)  # M = 1 only
 
 
 def test_pdl_decision_never_touches_a_gpu(monkeypatch):

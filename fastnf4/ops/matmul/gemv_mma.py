@@ -121,6 +121,11 @@ SMALL_MAX_ELEMS = 9 * 2**20
 # within 4% of the best of 24 on each weight): Llama k/v 5.5 us (small-weight kernel 8.5), Qwen k/v 4.6 (6.8), Gemma
 # k/v 6.7 (9.3), Gemma q / o 11.0 / 11.1 (20-warp decode kernel 12.6 / 12.5); Qwen q 17.0 against 14.9.
 SPLIT_MAX_ELEMS = 24 * 2**20
+# ... except that from WIDE_LOCAL_MIN_ELEMS elements the 20-warp decode kernel takes them where its plan has the
+# block-local split-K (``Prepared``; on the model weights: Gemma q). H200, session 19 (probe_decode.py 0 w,
+# FASTNF4_PROBE_SET=small, two rounds): Gemma q 10.4-10.5 us against 11.0-11.1 for the split kernel; Gemma o (no
+# block-local plan) 12.5 against 11.4; the k/v projections (<= 11M elements) 8.3-61.6 against 5.0-6.9.
+WIDE_LOCAL_MIN_ELEMS = 16 * 2**20
 
 
 def variant(m: int) -> int:
@@ -144,6 +149,16 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
     if m <= 2 and n * k <= WIDE_MAX_ELEMS:
         return DECODE_WIDE
     return variant(m)
+
+
+def wide_for_split(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
+    """Whether a weight ``choose`` gives the split small-weight kernel takes the 20-warp decode kernel instead: M = 1,
+    more than WIDE_LOCAL_MIN_ELEMS elements, and a block-local split-K plan for ``blocks`` blocks of ``block_warps``
+    warps (see WIDE_LOCAL_MIN_ELEMS)."""
+    if m != 1 or n * k <= WIDE_LOCAL_MIN_ELEMS:
+        return False
+    s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
+    return local_plan(n, k, blocks, block_warps, s, per) is not None
 
 
 def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
@@ -250,6 +265,10 @@ class Prepared:
         v = choose(m, n, k, x2d.element_size()) if kernel is None else kernel
         if (kernel is None and v == 0 and local is not False and lib.occupancy[(dt, 0, int(nested))] > 0 and
                 wide_above_max(m, n, k, lib.sms * lib.occupancy[(dt, 0, int(nested))], lib.warps[0])):
+            v = DECODE_WIDE
+        occ20 = lib.occupancy[(dt, DECODE_WIDE, int(nested))]
+        if (kernel is None and v == SPLIT and local is not False and occ20 > 0 and
+                wide_for_split(m, n, k, lib.sms * occ20, lib.warps[DECODE_WIDE])):
             v = DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
