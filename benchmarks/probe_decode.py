@@ -18,6 +18,7 @@ from fastnf4.ops.matmul import gemv_mma
 
 if os.environ.get("FASTNF4_PROBE_SRC"):
     gemv_mma.SOURCE = os.environ["FASTNF4_PROBE_SRC"]  # before the first load (gemv_mma._lib_for is cached)
+    gemv_mma.LOCAL_CLUSTERS = ()  # (an older build has no cluster form of the block-local split-K)
 bw = copy_bandwidth(2**30)["GBps"]
 splits = [a if a in ("g", "w") else int(a) for a in sys.argv[1:]] or [0]
 LARGE = [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]

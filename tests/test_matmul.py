@@ -399,7 +399,11 @@ def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
             assert not gemv_mma.wide_above_max(1, n, k, 132, 16) and not gemv_mma.wide_above_max(2, n, k, 132, 16)
         s, per = gemv_mma.plan(1, n, k, 132 * 16, split_cost=gemv_mma.DECODE_SPLIT_COST)
         local = gemv_mma.local_plan(n, k, 132, 16, s, per)
-        assert local is None or (local[0] * local[2] <= 16 and local[1] >= 4)  # whole tiles per block, >= 4 slices
+        assert local is None or (local[0] * local[2] <= 16 and local[1] >= 4 and local[3] == 1)  # whole tiles
+        wider = gemv_mma.local_plan(n, k, 132, 16, s, per, {2: 66, 4: 32})  # clusters of 2 / 4 blocks besides
+        assert wider is None or (local is not None and wider == local) or (wider[0] * wider[2] <= 16 * wider[3])
+        if local is not None:
+            assert wider == local  # among equal costs no cluster
     assert not gemv_mma.wide_above_max(3, 28672, 8192, 132, 16)  # the GEMM kernel's M
     # below it, the split kernel's weights of > WIDE_LOCAL_MIN_ELEMS go to the 20-warp kernel where its plan is
     # block-local (``wide_for_split``): on the model weights Gemma q only (Gemma o has none; k/v are smaller)

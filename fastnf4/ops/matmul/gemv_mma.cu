@@ -23,9 +23,11 @@
 // Split-K: a work item is (row tile(s), K range). With S > 1 ranges the warps write float32 partial sums and
 // the last of them (an atomic counter per 16-row tile, reset by that warp) adds the S partials in a fixed
 // order, so results do not depend on timing. Warps/blocks are persistent: grid = resident blocks. The decode
-// kernel can instead keep the S ranges of a tile inside one block (Params::local): its first U = (tiles per
-// block) x S warps take the items, the float32 partial sums stay in shared memory, and after one block barrier
-// the block adds them in the same split order (the same bits): no fence, atomics or global partials.
+// kernel can instead keep the S ranges of a tile inside one block, or one thread block cluster of C blocks
+// (Params::local, Params::lcluster): the first U = (tiles per round) x S warps of the block / cluster take the
+// items, the float32 partial sums stay in shared memory, and after one block / cluster barrier the blocks add them
+// in the same split order (the same bits; a cluster's blocks read each other's over distributed shared memory): no
+// fence, atomics or global partials.
 //
 // Requirements checked by the caller: K % 32 == 0, K < 2^31, x and y contiguous with 16-byte aligned rows,
 // packed 16-byte aligned, blocksize >= 32, nested statistics in blocks of 256 (bitsandbytes' only value).
@@ -58,6 +60,7 @@ struct Params {
   const float* code;           // [16] values of the 4-bit codes (nf4 or fp4)
   long long code_const;        // code is fastnf4's own table, never written by a kernel: read before pdl_wait
   long long local;             // decode kernel: > 0 = U, split-K inside each block (see gemv_mma_pipe), else 0
+  long long lcluster;          // with local: blocks per thread block cluster sharing the tiles (1: none)
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -84,6 +87,27 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FASTNF4_NO_PDL_TRIGGER) && !defined(FASTNF4_NO_PDL)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// Thread block clusters (sm_90+; the host never asks for them elsewhere): the cluster barrier (arrive with release,
+// wait with acquire: shared memory written before it is visible to every block of the cluster after it) and a load
+// from the shared memory of the cluster's block ``rank`` at the address that is ``a`` in this block.
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t a, int rank) {
+  float q = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %1, %2;\nld.shared::cluster.f32 %0, [ra];\n}\n"
+               : "=f"(q) : "r"(a), "r"(rank) : "memory");
+#else
+  __trap();
+#endif
+  return q;
 }
 
 template <typename T>
@@ -566,9 +590,10 @@ struct Cursor {
   int split, slice, s_end;
 };
 
-// kLocal: the block-local split-K build (Params::local > 0; a separate instantiation, so that the global settle's
-// kernel is the one measured before it: its SASS does not change).
-template <typename T, int CG, bool kNested, int kCfg = 0, bool kLocal = false>
+// kLocal: 1 = the block-local split-K build (Params::local > 0), 2 = the same over thread block clusters
+// (Params::lcluster > 1); separate instantiations, so that each build's SASS is the one measured for it (the global
+// settle's is the one before them; the cluster code cost the single-block build 8 registers and ~3% on mid weights).
+template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0>
 __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   using C = pipe::Cfg<CG, kCfg>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
@@ -615,9 +640,17 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const int per = static_cast<int>(p.slices_per_split);
   // block-local split-K (p.local = U): the block's first U warps take items b U + w (+ gridDim U per round), i.e. U / S
   // whole tiles per round; the others none (their first item is past the end)
+  // (with clusters of lc blocks: the cluster's warps are numbered rank x kWarps + warp and share its U items)
   const long long U = kLocal ? p.local : C::kWarps;
-  const long long warp0 = !kLocal || warp < U ? (long long)blockIdx.x * U + warp : tiles * p.splits;
-  const long long warps = (long long)gridDim.x * U;
+  long long warp0, warps;
+  if constexpr (kLocal == 2) {
+    const int lc = static_cast<int>(p.lcluster), cw = static_cast<int>(blockIdx.x) % lc * C::kWarps + warp;
+    warp0 = cw < U ? (long long)(blockIdx.x / lc) * U + cw : tiles * p.splits;
+    warps = (long long)(gridDim.x / lc) * U;
+  } else {
+    warp0 = !kLocal || warp < U ? (long long)blockIdx.x * U + warp : tiles * p.splits;
+    warps = (long long)gridDim.x * U;
+  }
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
@@ -818,7 +851,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 
     // the work item is complete: write its 16 rows (partial sums with split-K), then move to the next item
     // (block-local split-K: this warp's round-th item goes to table hole round x kWarps + warp)
-    if constexpr (kLocal) {
+    if constexpr (kLocal != 0) {
       finish_item<T, CG>(p, acc, cp.tile, cp.split, lane, holes_s + 256u * (round * C::kWarps + warp));
       ++round;
     } else {
@@ -840,29 +873,48 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     step(xb2, xb, w2, w1);
   }
   cp_async_wait<0>();
-  if constexpr (kLocal) {
-    // block-local split-K: the S partials of each of this block's tiles (round i, local tile lt: tile (b + i G) U / S
-    // + lt, split s in hole i kWarps + lt S + s) added in split order, as sum_tile does, (+ bias) and stored
-    __syncthreads();
+  if constexpr (kLocal != 0) {
+    // block-local split-K: the S partials of each of this block's (cluster's) tiles (round i, local tile lt: tile
+    // (c + i clusters) U / S + lt; split s on cluster warp lt S + s, in hole i kWarps + (its warp) of its block)
+    // added in split order, as sum_tile does, (+ bias) and stored; a cluster's blocks take every lc-th entry
+    if constexpr (kLocal == 2) {
+      cluster_barrier();
+    } else {
+      __syncthreads();
+    }
     const int tpb = static_cast<int>(U) / splits, m_rows = static_cast<int>(p.M);
     const int per_round = tpb * 16 * m_rows;
-    for (int e = threadIdx.x;; e += C::kThreads) {
+    // (clusters: lc blocks, this one of rank crank in cluster cid of nclusters, takes every lc-th entry)
+    const int lc = kLocal == 2 ? static_cast<int>(p.lcluster) : 1;
+    const int crank = kLocal == 2 ? static_cast<int>(blockIdx.x) % lc : 0;
+    const long long cid = kLocal == 2 ? (long long)(blockIdx.x / lc) : (long long)blockIdx.x;
+    const long long nclusters = kLocal == 2 ? (long long)(gridDim.x / lc) : (long long)gridDim.x;
+    for (int e = crank * C::kThreads + threadIdx.x;; e += lc * C::kThreads) {
       const int i = e / per_round, rem = e - i * per_round;
-      const long long first = ((long long)blockIdx.x + (long long)i * gridDim.x) * tpb;
+      const long long first = (cid + (long long)i * nclusters) * tpb;
       if (i * C::kWarps >= 256 || first >= tiles) break;
       const int lt = rem / (16 * m_rows), mr = rem - lt * 16 * m_rows, m = mr >> 4, r = mr & 15;
       const long long row = (first + lt) * 16 + r;
       if (row >= N) continue;
-      const uint32_t a = holes_s + 256u * (i * C::kWarps + lt * splits) + 4u * (16 * m + r);
       float v = 0.f;
-      for (int z = 0; z < splits; ++z) {
-        float q;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(q) : "r"(a + 256u * z) : "memory");
-        v += q;
+      if constexpr (kLocal == 2) {
+        for (int z = 0; z < splits; ++z) {
+          const int owner = lt * splits + z;  // the cluster warp that took split z
+          v += ld_cluster_f32(holes_s + 256u * (i * C::kWarps + owner % C::kWarps) + 4u * (16 * m + r),
+                              owner / C::kWarps);
+        }
+      } else {
+        const uint32_t a = holes_s + 256u * (i * C::kWarps + lt * splits) + 4u * (16 * m + r);
+        for (int z = 0; z < splits; ++z) {
+          float q;
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(q) : "r"(a + 256u * z) : "memory");
+          v += q;
+        }
       }
       if (p.bias) v += Pair<T>::load(p.bias, row);
       Pair<T>::store(p.y, m * N + row, v);
     }
+    if constexpr (kLocal == 2) cluster_barrier();  // every block's partials stay readable until all have read them
     return;
   }
 #ifndef FASTNF4_DIAG_NO_SETTLE
@@ -1393,18 +1445,20 @@ void* pick(int variant) {
 }
 // the decode kernels' block-local split-K builds (variants 0 / 5 only)
 template <typename T, bool kNested>
-void* pick_local(int variant) {
+void* pick_local(int variant, int local) {
   switch (variant) {
-    case 0: return (void*)gemv_mma_pipe<T, 1, kNested, 0, true>;
-    case 5: return (void*)gemv_mma_pipe<T, 1, kNested, 1, true>;
+    case 0: return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, 0, 2> : (void*)gemv_mma_pipe<T, 1, kNested, 0, 1>;
+    case 5: return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, 1, 2> : (void*)gemv_mma_pipe<T, 1, kNested, 1, 1>;
   }
   return nullptr;
 }
 
-void* kernel_for(int dtype, int variant, int nested, bool local = false) {
+// local: 0 the global settle's build, 1 the block-local one, 2 the cluster one (decode kernels only)
+void* kernel_for(int dtype, int variant, int nested, int local = 0) {
   if (local) {
-    if (dtype == 0) return nested ? pick_local<__nv_bfloat16, true>(variant) : pick_local<__nv_bfloat16, false>(variant);
-    return nested ? pick_local<__half, true>(variant) : pick_local<__half, false>(variant);
+    if (dtype == 0)
+      return nested ? pick_local<__nv_bfloat16, true>(variant, local) : pick_local<__nv_bfloat16, false>(variant, local);
+    return nested ? pick_local<__half, true>(variant, local) : pick_local<__half, false>(variant, local);
   }
   if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(variant) : pick<__nv_bfloat16, false>(variant);
   return nested ? pick<__half, true>(variant) : pick<__half, false>(variant);
@@ -1450,8 +1504,8 @@ extern "C" {
 // decode kernels the lower of the global-settle and block-local builds (both get their attributes set here).
 int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   int least = -1;
-  for (int local = 0; local < 2; ++local) {
-    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, local != 0);
+  for (int local = 0; local < 3; ++local) {
+    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, local);
     if (f == nullptr) {
       if (local) break;
       return 0;
@@ -1476,6 +1530,30 @@ int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   return least;
 }
 
+// Clusters of `size` blocks of the decode kernels' block-local build that can be resident at once (0: none / error;
+// after fastnf4_gemv_mma_occupancy set the kernel's attributes).
+int fastnf4_gemv_mma_clusters(int dtype, int variant, int nested, int size) {
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, 2);
+  if (f == nullptr || size < 1 || size > 8) return 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)size);
+  cfg.blockDim = dim3(fastnf4_mma::threads_for(variant));
+  cfg.dynamicSmemBytes = (size_t)fastnf4_mma::smem_for(variant);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)size;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, f, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
 // Warps per block and weight rows per work item of a kernel variant.
 int fastnf4_gemv_mma_warps(int variant) { return fastnf4_mma::threads_for(variant) / 32; }
 int fastnf4_gemv_mma_rows(int variant) { return fastnf4_mma::rows_for(variant); }
@@ -1484,7 +1562,7 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local > 0);
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1);
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
   cudaLaunchConfig_t cfg = {};
@@ -1493,11 +1571,21 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
   // the split small-weight kernel stages only x: M * K values of 2 bytes (at most smem_for, checked by the host)
   cfg.dynamicSmemBytes = variant == 6 ? static_cast<int>(2 * p->M * p->K) : fastnf4_mma::smem_for(variant);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (p->local > 0 && p->lcluster > 1) {  // the block-local split-K over clusters of lcluster blocks
+    if (grid % p->lcluster != 0 || p->lcluster > 8) return (int)cudaErrorInvalidValue;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = (unsigned)p->lcluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   return (int)cudaLaunchKernelExC(&cfg, f, args);
 }
 

@@ -28,7 +28,7 @@ class Params(ctypes.Structure):
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong), ("blocksize", ctypes.c_longlong),
         ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
-        ("local", ctypes.c_longlong),
+        ("local", ctypes.c_longlong), ("lcluster", ctypes.c_longlong),
     ]
 
 
@@ -54,6 +54,11 @@ class _Lib:
         # capture) never trigger lazy loading.
         self.occupancy = {(d, v, nested): lib.fastnf4_gemv_mma_occupancy(d, v, nested)
                           for d in (0, 1) for v in VARIANTS for nested in (0, 1)}
+        lib.fastnf4_gemv_mma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.fastnf4_gemv_mma_clusters.restype = ctypes.c_int
+        # clusters of the decode kernels' block-local build resident at once (for local_plan), asked now
+        self.clusters = {(d, v, nested, c): lib.fastnf4_gemv_mma_clusters(d, v, nested, c)
+                         for d in (0, 1) for v in (0, DECODE_WIDE) for nested in (0, 1) for c in LOCAL_CLUSTERS}
 
 
 @functools.cache
@@ -220,29 +225,42 @@ def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True, rows: int
 # leave warps idle; ``local_plan`` takes it only where its rounds x (slices per split + ITEM_COST) are no more than the
 # global plan's (ITEM_COST: a work item's own statistics phase and start, in slices).
 LOCAL_HOLES = 256  # partial-sum slots per block (the table's free halves): rounds x warps per block must fit
+# Cluster sizes the block-local split-K may also share a round's tiles over (gemv_mma.cu kLocal = 2: the partials
+# read over distributed shared memory): pairs of blocks let 20-warp blocks hold S = 8 parts of 5 tiles per pair
+# (Qwen o 320 tiles: 264 per round in single blocks). H200, session 19 (probe_decode.py against e37fdc0's build, two
+# rounds): Qwen o 15.0 -> 14.3 us, Qwen gate+up 33.3 -> 31.7, Qwen down 31.5 -> 30.9, the rest unchanged; clusters
+# of 4 (30 resident, 120 blocks) were not taken by any plan and measured slower where forced into an earlier build.
+LOCAL_CLUSTERS = (2,)
 ITEM_COST = 1
 
 
-def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int) -> tuple[int, int, int] | None:
-    """(S, slices per split, tiles per block and round) of the block-local split-K for ``blocks`` resident blocks
-    of ``block_warps`` warps, or None where the global plan (``splits``, ``per``) costs less (or does not split).
-    The least cost per warp (rounds x (slices per split + ITEM_COST)), the fewest parts among equals."""
+def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int,
+               clusters: dict[int, int] | None = None) -> tuple[int, int, int, int] | None:
+    """(S, slices per split, tiles per block or cluster and round, blocks per cluster) of the block-local split-K
+    for ``blocks`` resident blocks of ``block_warps`` warps, or None where the global plan (``splits``, ``per``)
+    costs less (or does not split). ``clusters`` = {C: clusters of C blocks resident at once} adds plans whose tiles
+    are shared by the C blocks of a thread block cluster (C warps x as many per tile round). The least cost per warp
+    (rounds x (slices per split + ITEM_COST)); among equals no cluster, then the fewest parts."""
     if splits <= 1:
         return None
     tiles, slices = -(-n // 16), -(-k // SLICE)
     global_cost = -(-tiles * splits // (blocks * block_warps)) * (per + ITEM_COST)
     best = None
-    for s in range(2, min(16, block_warps) + 1):
-        p = -(-slices // s)
-        if p < 4 or -(-slices // p) != s:
+    for c, resident in sorted({1: blocks, **(clusters or {})}.items()):
+        groups = min(resident, blocks // c)  # clusters (or blocks) in the grid
+        if groups < 1:
             continue
-        tpb = block_warps // s
-        rounds = -(-tiles // (blocks * tpb))
-        if rounds * block_warps > LOCAL_HOLES:
-            continue
-        cost = rounds * (p + ITEM_COST)
-        if best is None or cost < best[0]:
-            best = (cost, s, p, tpb)
+        for s in range(2, min(16, c * block_warps) + 1):
+            p = -(-slices // s)
+            if p < 4 or -(-slices // p) != s:
+                continue
+            tpb = c * block_warps // s
+            rounds = -(-tiles // (groups * tpb))
+            if rounds * block_warps > LOCAL_HOLES:
+                continue
+            cost = rounds * (p + ITEM_COST)
+            if best is None or cost < best[0]:
+                best = (cost, s, p, tpb, c)
     return best[1:] if best is not None and best[0] <= global_cost else None
 
 
@@ -256,7 +274,7 @@ class Prepared:
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
                  nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None,
-                 local: bool | None = None):
+                 local: bool | None = None, local_cluster: int | None = None):
         index = _index(x2d.device)
         lib = _lib_for(index)
         m = x2d.shape[0]
@@ -289,21 +307,26 @@ class Prepared:
         per_block = lib.warps[v] if rows == 16 else 1
         cost = DECODE_SPLIT_COST if m <= 2 and v in (0, DECODE_WIDE) else SPLIT_COST
         decode = m <= 2 and v in (0, DECODE_WIDE)
-        tpb = 0  # tiles per block and round of the block-local split-K (0: off)
+        tpb = 0  # tiles per block (cluster) and round of the block-local split-K (0: off)
+        lc = 1   # blocks per cluster sharing them
+        clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS} if decode else {}
         if decode and local is not False and splits is None:
             s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
-            lp = local_plan(n, k, sms * occ, per_block, s, per)
+            lp = local_plan(n, k, sms * occ, per_block, s, per, clusters if local_cluster is None else
+                            {c: r for c, r in clusters.items() if c == local_cluster})
             if lp is not None:
-                s, per, tpb = lp
+                s, per, tpb, lc = lp
             elif local:
                 raise ValueError("gemv_mma: no block-local split-K plan for this weight")
         elif local:
             if not decode or splits is None:
                 raise ValueError("gemv_mma: the block-local split-K is the decode kernel's (M <= 2)")
             s, per = splits
-            tpb = per_block // s if 1 < s <= per_block else 0
-            if tpb == 0 or -(-tiles // (sms * occ * tpb)) * per_block > LOCAL_HOLES:
-                raise ValueError(f"gemv_mma: no block-local split-K of {s} parts here")
+            lc = local_cluster or 1
+            groups = sms * occ if lc == 1 else min(clusters.get(lc, 0), sms * occ // lc)
+            tpb = lc * per_block // s if 1 < s <= lc * per_block and groups > 0 else 0
+            if tpb == 0 or -(-tiles // (groups * tpb)) * per_block > LOCAL_HOLES:
+                raise ValueError(f"gemv_mma: no block-local split-K of {s} parts in clusters of {lc} here")
         if tpb == 0:
             s, per = splits or plan(m, n, k, sms * occ * per_block,
                                     allow_split=counters is not None and tiles <= _COUNTERS, rows=rows,
@@ -319,8 +342,11 @@ class Prepared:
         self.pdl = int(os.environ.get("FASTNF4_PDL_MMA", "0") == "1" and _triton.pdl(x2d.device, triton_kernel=False))
         # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to
         # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
-        self.grid = (-(-items // per_block) if v == SPLIT else min(sms * occ, -(-tiles // tpb)) if tpb else
-                     min(sms * occ, -(-items // per_block)))
+        if tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
+            groups = sms * occ if lc == 1 else min(clusters[lc], sms * occ // lc)
+            self.grid = min(groups, -(-tiles // tpb)) * lc
+        else:
+            self.grid = -(-items // per_block) if v == SPLIT else min(sms * occ, -(-items // per_block))
         self.params = Params(
             packed=packed.data_ptr(), absmax=absmax.data_ptr(),
             nested_code=nested_code.data_ptr() if nested else None,
@@ -330,7 +356,7 @@ class Prepared:
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
             code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
-            local=tpb * s,
+            local=tpb * s, lcluster=lc,
         )
         self.local = tpb > 0
 
@@ -354,9 +380,10 @@ class Prepared:
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
-           kernel: int | None = None, local: bool | None = None) -> torch.Tensor:
-    """``splits`` = (S, slices per split) / ``kernel`` / ``local`` force a plan (tests, probes): ``local`` True the
-    block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where it cannot), False
-    the global settle; None: ``local_plan`` decides."""
+           kernel: int | None = None, local: bool | None = None, local_cluster: int | None = None) -> torch.Tensor:
+    """``splits`` = (S, slices per split) / ``kernel`` / ``local`` / ``local_cluster`` force a plan (tests, probes):
+    ``local`` True the block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where
+    it cannot), False the global settle, None: ``local_plan`` decides; ``local_cluster`` = C its tiles shared by
+    clusters of C blocks (1: none; with ``splits`` and ``local``, or limiting ``local_plan`` to C)."""
     return Prepared(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
-                    bias, splits, kernel, local)(x2d, y)
+                    bias, splits, kernel, local, local_cluster)(x2d, y)
