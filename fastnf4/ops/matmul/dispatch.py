@@ -10,12 +10,14 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 | 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 2,   |
 |                           | GEMM kernel 2 < M <= 32), K % 32 == 0; for M > 8 only N >= 4096 |
 |                           | (M <= 16) / N >= 8192 (M <= 32): ``MMA_MIN_N``; at M = 1 the    |
-|                           | weights of <= 24M elements (k/v, Gemma q/o) take its CUDA-core  |
+|                           | weights of <= 24M elements (k/v, Gemma o) take its CUDA-core    |
 |                           | split small-weight kernel (``gemv_mma.SPLIT_MAX_ELEMS``), at    |
 |                           | M = 2 those of <= 9M its small-weight kernel                    |
-|                           | (``gemv_mma.SMALL_MAX_ELEMS``), and at M = 1 those of <= 96M    |
-|                           | elements its decode kernel with 20 warps x 4 stages             |
-|                           | (``gemv_mma.WIDE_MAX_ELEMS``)                                   |
+|                           | (``gemv_mma.SMALL_MAX_ELEMS``), and at M <= 2 those of <= 96M   |
+|                           | elements (and larger ones, ``gemv_mma.wide_above_max``) its     |
+|                           | decode kernel with 20 warps x 4 stages (``WIDE_MAX_ELEMS``);    |
+|                           | the decode kernels' split-K parts are summed inside a block or  |
+|                           | a cluster of two where ``gemv_mma.local_plan`` finds a plan     |
 | 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
