@@ -1065,6 +1065,22 @@ Variant pick(int bm) {
   return {nullptr, 0};
 }
 
+// The launch of variant v on `grid` in clusters of `size` blocks along z (attr: storage for its one attribute).
+cudaLaunchConfig_t cluster_launch(const Variant& v, dim3 grid, int size, cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = (size_t)v.smem;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = 1;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = (unsigned)size;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 Variant variant_for(int dtype, int bm, int nested) {
   if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(bm) : pick<__nv_bfloat16, false>(bm);
   return nested ? pick<__half, true>(bm) : pick<__half, false>(bm);
@@ -1099,17 +1115,8 @@ int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 int fastnf4_wgmma_clusters(int dtype, int bm, int nested, int size) {
   const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
   if (v.f == nullptr || size < 2 || size > 8) return 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1, 1, (unsigned)size);
-  cfg.blockDim = dim3(fastnf4_wg::kThreads);
-  cfg.dynamicSmemBytes = (size_t)v.smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = (unsigned)size;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = fastnf4_wg::cluster_launch(v, dim3(1, 1, (unsigned)size), size, 0, &attr);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, v.f, &cfg) != cudaSuccess) {
     cudaGetLastError();
@@ -1156,18 +1163,9 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
     return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)&kp};
   if (cluster) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(gx, (unsigned)p->tail_tiles, (unsigned)splits);
-    cfg.blockDim = dim3(fastnf4_wg::kThreads);
-    cfg.dynamicSmemBytes = (size_t)v.smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = (unsigned)splits;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        fastnf4_wg::cluster_launch(v, dim3(gx, (unsigned)p->tail_tiles, (unsigned)splits), splits, stream, &attr);
     return (int)cudaLaunchKernelExC(&cfg, v.f, args);
   }
   cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
