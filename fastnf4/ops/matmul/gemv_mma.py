@@ -234,6 +234,12 @@ LOCAL_CLUSTERS = (2,)
 ITEM_COST = 1
 
 
+def local_groups(blocks: int, c: int, clusters: dict[int, int]) -> int:
+    """Blocks (c = 1) or clusters of c blocks in a block-local grid of at most ``blocks`` blocks, the clusters no
+    more than ``clusters[c]`` (resident at once)."""
+    return blocks if c == 1 else min(clusters.get(c, 0), blocks // c)
+
+
 def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int,
                clusters: dict[int, int] | None = None) -> tuple[int, int, int, int] | None:
     """(S, slices per split, tiles per block or cluster and round, blocks per cluster) of the block-local split-K
@@ -246,8 +252,8 @@ def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: 
     tiles, slices = -(-n // 16), -(-k // SLICE)
     global_cost = -(-tiles * splits // (blocks * block_warps)) * (per + ITEM_COST)
     best = None
-    for c, resident in sorted({1: blocks, **(clusters or {})}.items()):
-        groups = min(resident, blocks // c)  # clusters (or blocks) in the grid
+    for c in sorted({1, *(clusters or {})}):
+        groups = local_groups(blocks, c, clusters or {})
         if groups < 1:
             continue
         for s in range(2, min(16, c * block_warps) + 1):
@@ -323,7 +329,7 @@ class Prepared:
                 raise ValueError("gemv_mma: the block-local split-K is the decode kernel's (M <= 2)")
             s, per = splits
             lc = local_cluster or 1
-            groups = sms * occ if lc == 1 else min(clusters.get(lc, 0), sms * occ // lc)
+            groups = local_groups(sms * occ, lc, clusters)
             tpb = lc * per_block // s if 1 < s <= lc * per_block and groups > 0 else 0
             if tpb == 0 or -(-tiles // (groups * tpb)) * per_block > LOCAL_HOLES:
                 raise ValueError(f"gemv_mma: no block-local split-K of {s} parts in clusters of {lc} here")
@@ -343,8 +349,7 @@ class Prepared:
         # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to
         # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
         if tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
-            groups = sms * occ if lc == 1 else min(clusters[lc], sms * occ // lc)
-            self.grid = min(groups, -(-tiles // tpb)) * lc
+            self.grid = min(local_groups(sms * occ, lc, clusters), -(-tiles // tpb)) * lc
         else:
             self.grid = -(-items // per_block) if v == SPLIT else min(sms * occ, -(-items // per_block))
         self.params = Params(
