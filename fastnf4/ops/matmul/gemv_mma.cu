@@ -99,6 +99,13 @@ __device__ __forceinline__ void cluster_barrier() {
   __trap();
 #endif
 }
+// (host side) the launch attribute of clusters of `size` blocks along x
+inline void cluster_attr(cudaLaunchAttribute& a, int size) {
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = (unsigned)size;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+}
 __device__ __forceinline__ float ld_cluster_f32(uint32_t a, int rank) {
   float q = 0.f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -527,6 +534,7 @@ namespace pipe {
 #endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kTableBytes = 256 * 256;
+constexpr int kHoles = 256;  // free 128-byte halves of the table's entries: block-local partial-sum slots (LOCAL_HOLES)
 // warps per block (one block per SM) and ring stages: kCfg 0 = 16 x 6 (112 registers), kCfg 1 = 20 x 4 (ptxas
 // then keeps it at 96 registers without spills). At M = 1 on the H200 the second is 2-20% faster on weights of
 // up to ~84M elements launched alone and up to 6% slower on some larger ones (NOTES.md, session 13);
@@ -884,7 +892,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     }
     const int tpb = static_cast<int>(U) / splits, m_rows = static_cast<int>(p.M);
     const int per_round = tpb * 16 * m_rows;
-    // (clusters: lc blocks, this one of rank crank in cluster cid of nclusters, takes every lc-th entry)
     const int lc = kLocal == 2 ? static_cast<int>(p.lcluster) : 1;
     const int crank = kLocal == 2 ? static_cast<int>(blockIdx.x) % lc : 0;
     const long long cid = kLocal == 2 ? (long long)(blockIdx.x / lc) : (long long)blockIdx.x;
@@ -892,7 +899,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     for (int e = crank * C::kThreads + threadIdx.x;; e += lc * C::kThreads) {
       const int i = e / per_round, rem = e - i * per_round;
       const long long first = (cid + (long long)i * nclusters) * tpb;
-      if (i * C::kWarps >= 256 || first >= tiles) break;
+      if (i * C::kWarps >= pipe::kHoles || first >= tiles) break;
       const int lt = rem / (16 * m_rows), mr = rem - lt * 16 * m_rows, m = mr >> 4, r = mr & 15;
       const long long row = (first + lt) * 16 + r;
       if (row >= N) continue;
@@ -1501,7 +1508,7 @@ using fastnf4_mma::Params;
 extern "C" {
 
 // Resident blocks per SM for a kernel variant (0 when it does not exist or does not fit on this GPU); for the
-// decode kernels the lower of the global-settle and block-local builds (both get their attributes set here).
+// decode kernels the lowest of the global-settle, block-local and cluster builds (all get their attributes set here).
 int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   int least = -1;
   for (int local = 0; local < 3; ++local) {
@@ -1540,10 +1547,7 @@ int fastnf4_gemv_mma_clusters(int dtype, int variant, int nested, int size) {
   cfg.blockDim = dim3(fastnf4_mma::threads_for(variant));
   cfg.dynamicSmemBytes = (size_t)fastnf4_mma::smem_for(variant);
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)size;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  fastnf4_mma::cluster_attr(attr[0], size);
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;
@@ -1579,10 +1583,7 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
   }
   if (p->local > 0 && p->lcluster > 1) {  // the block-local split-K over clusters of lcluster blocks
     if (grid % p->lcluster != 0 || p->lcluster > 8) return (int)cudaErrorInvalidValue;
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = (unsigned)p->lcluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
+    fastnf4_mma::cluster_attr(attr[n++], static_cast<int>(p->lcluster));
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;

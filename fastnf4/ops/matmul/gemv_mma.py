@@ -247,13 +247,20 @@ def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: 
     costs less (or does not split). ``clusters`` = {C: clusters of C blocks resident at once} adds plans whose tiles
     are shared by the C blocks of a thread block cluster (C warps x as many per tile round). The least cost per warp
     (rounds x (slices per split + ITEM_COST)); among equals no cluster, then the fewest parts."""
+    return _local_plan(n, k, blocks, block_warps, splits, per, tuple(sorted((clusters or {}).items())))
+
+
+@functools.lru_cache(maxsize=4096)  # pure; asked by every Prepared (a launch of ``launch`` without a kept Prepared)
+def _local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int,
+                cluster_items: tuple[tuple[int, int], ...]) -> tuple[int, int, int, int] | None:
     if splits <= 1:
         return None
+    clusters = dict(cluster_items)
     tiles, slices = -(-n // 16), -(-k // SLICE)
     global_cost = -(-tiles * splits // (blocks * block_warps)) * (per + ITEM_COST)
     best = None
-    for c in sorted({1, *(clusters or {})}):
-        groups = local_groups(blocks, c, clusters or {})
+    for c in sorted({1, *clusters}):
+        groups = local_groups(blocks, c, clusters)
         if groups < 1:
             continue
         for s in range(2, min(16, c * block_warps) + 1):
