@@ -4,7 +4,8 @@ the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / eve
 plan (with the block-local split-K where gemv_mma.local_plan takes it), g: the default plan with the global settle,
 w: the 20-warp decode kernel's default plan (block-local where it takes it), else S splits (global settle).
 FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
-block-local split-K it may lack: use g). usage: python benchmarks/probe_decode.py [S|g|w ...]"""
+block-local split-K it may lack: use g). FASTNF4_PROBE_EMPTY=1 first times a one-element fill (a launch alone).
+usage: python benchmarks/probe_decode.py [S|g|w ...]"""
 import os
 import sys
 
@@ -32,6 +33,9 @@ SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID, "gateup": GATE_UP, "ever
         "big": [(5120, 25600), (25600, 5120), (28672, 8192), (21504, 5376)] + GEMMA_BIG,
         # the split small-weight kernel's weights at M = 1 (Gemma q / o, the k/v projections)
         "small": [(4096, 5376), (5376, 4096), (1024, 8192), (1024, 5120), (2048, 5376)]}
+if os.environ.get("FASTNF4_PROBE_EMPTY"):  # the graph time of a one-element fill: a kernel launch alone
+    tiny = torch.zeros(1, device="cuda")
+    print(f"one-element fill {time_graph([lambda: tiny.fill_(1.0)])['median_us']:6.2f} us", flush=True)
 for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w)

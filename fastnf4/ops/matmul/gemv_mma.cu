@@ -524,7 +524,10 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
 // - x is prefetched one slice ahead in registers (two steps per loop trip alternate the buffers); 32-bit
 //   offsets inside a work item; split-K partial sums are settled when the warp has no work left.
 // Timing-only build switches (wrong results): FASTNF4_DIAG_STATS_ONCE stages statistics once per warp,
-// FASTNF4_DIAG_NO_SETTLE skips the split-K settlement; they measure what those parts cost (NOTES.md).
+// FASTNF4_DIAG_NO_SETTLE skips the split-K settlement, FASTNF4_DIAG_NO_LOOKUP feeds the packed words to the mma
+// instead of the table lookups, FASTNF4_DIAG_NO_MMA replaces the mma by an add, FASTNF4_DIAG_NO_TABLE skips the
+// table build, FASTNF4_DIAG_EXIT = 0 / 1 returns at the start / after the table build; they measure what those
+// parts cost (NOTES.md).
 namespace pipe {
 #ifndef FASTNF4_PIPE_WARPS1
 #define FASTNF4_PIPE_WARPS1 16
@@ -572,6 +575,19 @@ __device__ __forceinline__ uint32_t lookup_based(uint32_t lane_base, uint32_t w)
   return v;
 }
 
+// The 256-entry pair table of the decode and GEMM kernels: entry v = (code[v >> 4], code[v & 15]) in the input dtype,
+// lane l's copy at word 64 v + l (the entries' upper 128 bytes are left alone). Written with 16-byte stores, four
+// lanes' copies at once: H200 (probe_decode.py, NOTES.md session 20), 0.2-0.6 us faster per decode call than one
+// 4-byte store per copy (the build sits between the launch and the first weight copies).
+template <typename T>
+__device__ __forceinline__ void build_pair_table(uint32_t* table, const float* code, int threads) {
+  for (int i = threadIdx.x; i < 256 * 8; i += threads) {
+    const int v = i >> 3;
+    const uint32_t pr = Pair<T>::make(__ldg(code + (v >> 4)), __ldg(code + (v & 15)));
+    *reinterpret_cast<uint4*>(table + v * 64 + 4 * (i & 7)) = make_uint4(pr, pr, pr, pr);
+  }
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int n>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n)); }
@@ -613,12 +629,14 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const uint32_t tpad = (0u - smem_s) & 0xffffu;
   const int below = static_cast<int>(tpad) / kWarpBytes;
   uint32_t* table = reinterpret_cast<uint32_t*>(smem + tpad);
+#if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 0  // timing experiment only: the launch alone
+  if (p.M > 0) return;
+#endif
   // the pair table overlaps the previous kernel's drain when its source is a constant (PDL launches)
   if (!p.code_const) pdl_wait();
-  for (int i = threadIdx.x; i < 256 * 32; i += C::kThreads) {
-    const int v = i >> 5;
-    table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
-  }
+#if !defined(FASTNF4_DIAG_NO_TABLE)  // timing experiment only (wrong results): no table build
+  build_pair_table<T>(table, p.code, C::kThreads);
+#endif
   if (p.code_const) pdl_wait();
   pdl_launch_dependents();
   if constexpr (kNested) {
@@ -626,6 +644,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   }
   const float offset = kNested ? __ldg(p.offset) : 0.f;
   __syncthreads();
+#if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 1  // timing experiment only: launch and table build
+  if (p.M > 0) return;
+#endif
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -827,6 +848,12 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       uint32_t a0, a1, a2, a3;
+#if defined(FASTNF4_DIAG_NO_LOOKUP)  // timing experiment only (wrong results): the packed words as fragments
+      a0 = wA[s >> 1];
+      a1 = wB[s >> 1];
+      a2 = wA[s >> 1] >> 8;
+      a3 = wB[s >> 1] >> 8;
+#else
       if (s & 1) {
         a0 = lookup_based<2>(lane_base, wA[s >> 1]);
         a1 = lookup_based<2>(lane_base, wB[s >> 1]);
@@ -838,10 +865,15 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
         a2 = lookup_based<1>(lane_base, wA[s >> 1]);
         a3 = lookup_based<1>(lane_base, wB[s >> 1]);
       }
+#endif
 #pragma unroll
       for (int c = 0; c < CG; ++c) {
         const uint4 q = xcur[c][s >> 1];
+#if defined(FASTNF4_DIAG_NO_MMA)  // timing experiment only (wrong results): no tensor-core work
+        cf[c][s & 3] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ q.x) & 0x3fffffffu);
+#else
         mma16816<T>(cf[c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
+#endif
       }
     }
     const int j = (rel & (kPhase - 1)) * 4 + c0;
@@ -968,10 +1000,7 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
   uint32_t* table = reinterpret_cast<uint32_t*>(smem);
   // the pair table overlaps the previous kernel's drain when its source is a constant (PDL launches)
   if (!p.code_const) pdl_wait();
-  for (int i = threadIdx.x; i < 256 * 32; i += kThreads) {
-    const int v = i >> 5;
-    table[v * 64 + (i & 31)] = Pair<T>::make(__ldg(p.code + (v >> 4)), __ldg(p.code + (v & 15)));
-  }
+  build_pair_table<T>(table, p.code, kThreads);
   if (p.code_const) pdl_wait();
   pdl_launch_dependents();
   if constexpr (kNested) {
