@@ -61,6 +61,7 @@ struct Params {
   long long code_const;        // code is fastnf4's own table, never written by a kernel: read before pdl_wait
   long long local;             // decode kernel: > 0 = U, split-K inside each block (see gemv_mma_pipe), else 0
   long long lcluster;          // with local: blocks per thread block cluster sharing the tiles (1: none)
+  long long xs;                // decode kernel: > 0 = x staged in the table's top xs holes (see gemv_mma_pipe), else 0
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -538,6 +539,7 @@ namespace pipe {
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kTableBytes = 256 * 256;
 constexpr int kHoles = 256;  // free 128-byte halves of the table's entries: block-local partial-sum slots (LOCAL_HOLES)
+                             // from the bottom, staged x (Params::xs) at the top
 // warps per block (one block per SM) and ring stages: kCfg 0 = 16 x 6 (112 registers), kCfg 1 = 20 x 4 (ptxas
 // then keeps it at 96 registers without spills). At M = 1 on the H200 the second is 2-20% faster on weights of
 // up to ~84M elements launched alone and up to 6% slower on some larger ones (NOTES.md, session 13);
@@ -617,8 +619,19 @@ struct Cursor {
 // kLocal: 1 = the block-local split-K build (Params::local > 0), 2 = the same over thread block clusters
 // (Params::lcluster > 1); separate instantiations, so that each build's SASS is the one measured for it (the global
 // settle's is the one before them; the cluster code cost the single-block build 8 registers and ~3% on mid weights).
-template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0>
+// kXs: x staged once per block in the table's top Params::xs holes (hole h: the upper 128 bytes of table entry h) instead
+// of loaded from global memory into registers one slice ahead: x row m fills holes h0 + m * hrow ... (h0 = kHoles - xs,
+// hrow = 2 ceil(K / 128): 64 elements per hole, zero-padded to whole slices), so slice s of row m is holes 2 s and
+// 2 s + 1 of it and lane t's 64 bytes of it lie at a fixed lane offset + 512 s. Per slice: one multiply-add and four
+// 16-byte shared loads by the lanes that carry x (predicated: the others keep the zeros the mma needs from them)
+// instead of the x cursor, the predicated global loads and a second x buffer. H200 (probe_decode.py, M = 1, NOTES.md
+// session 21): 4-14% faster on every staged weight (Llama gate_up 89.9 -> 78.6 us, q+o 17.9 -> 16.3); unpredicated
+// loads (the other lanes reading a zero hole) and a block barrier after the first weight slice instead of after x
+// alone were each slower than the register path.
+template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0, bool kXs = false>
 __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
+  static_assert(!kXs || CG == 1, "staged x covers M <= 2");
+  constexpr bool kXr = !kXs;  // x read from global memory into registers a slice ahead
   using C = pipe::Cfg<CG, kCfg>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
   using pipe::kPhase; using pipe::kTableBytes;
@@ -643,6 +656,27 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     for (int i = threadIdx.x; i < 256; i += C::kThreads) nested_code[i] = __ldg(p.nested_code + i);
   }
   const float offset = kNested ? __ldg(p.offset) : 0.f;
+  // staged x (kXs): copied into the holes here, waited for (and a block barrier) before the first step; the lane's
+  // address of slice s is xs_base + s * xs_inc
+  uint32_t xs_base = 0, xs_inc = 0;
+  if constexpr (kXs) {
+    const uint32_t holes0 = smem_s + tpad + 128u;
+    const int h0 = pipe::kHoles - static_cast<int>(p.xs);
+    const int kc = static_cast<int>((p.K + kSlice - 1) / kSlice) * (kSlice / 8);  // 16-byte pieces per staged row
+    const int hrow = kc / 8;
+    const int K32 = static_cast<int>(p.K);
+    for (int i = threadIdx.x; i < static_cast<int>(p.M) * kc; i += C::kThreads) {
+      const int m = i >= kc ? 1 : 0, cc = i - m * kc;
+      const bool on = 8 * cc < K32;
+      cp_async16_if(holes0 + 256u * (h0 + m * hrow + (cc >> 3)) + 16u * (cc & 7),
+                    on ? reinterpret_cast<const T*>(p.x) + static_cast<size_t>(m) * p.K + 8 * cc : p.x, on);
+    }
+    cp_async_commit();
+    const int lg = (threadIdx.x & 31) >> 2, lt = threadIdx.x & 3, m = lg >> 2;
+    const bool on = (lg & 3) == lt && m < p.M;  // (xs_inc != 0: the lane carries x)
+    xs_base = on ? holes0 + 256u * (h0 + m * hrow + (lt >> 1)) + 64u * (lt & 1) : holes0;
+    xs_inc = on ? 512u : 0u;
+  }
   __syncthreads();
 #if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 1  // timing experiment only: launch and table build
   if (p.M > 0) return;
@@ -783,10 +817,12 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   ring_ld = ring_s + (kStages - 1) * 1024;
   uint32_t ring_rd = ring_s;  // shared address of the stage read next (one slice ahead of the compute)
   const uint32_t ring_end = ring_s + kStages * 1024;
-  Cursor xc = cp;  // x runs one slice ahead of the compute cursor
+  Cursor xc = cp;  // x runs one slice ahead of the compute cursor (registers; kXs: unused)
   uint4 xb[CG][4];
-  load_x(xc, xb);
-  advance(xc);
+  if constexpr (kXr) {
+    load_x(xc, xb);
+    advance(xc);
+  }
   float acc[CG][4];
 #pragma unroll
   for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
@@ -805,7 +841,18 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   };
   // one slice: mma on x ``xcur`` and weights ``wcur`` (both read a step ago); the next slice's into ``xnext`` /
   // ``wnext``
-  auto step = [&](const uint4 (&xcur)[CG][4], uint4 (&xnext)[CG][4], const uint4 (&wcur)[2], uint4 (&wnext)[2]) {
+  auto step = [&](const uint4 (&xreg)[CG][4], uint4 (&xnext)[CG][4], const uint4 (&wcur)[2], uint4 (&wnext)[2]) {
+    uint4 xsm[CG][4];  // kXs: this slice's x from the holes
+    if constexpr (!kXr) {
+      const uint32_t a = xs_base + static_cast<uint32_t>(cp.slice) * xs_inc;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xsm[0][i] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        asm("{\n .reg .pred on;\n setp.ne.u32 on, %4, 0;\n @on ld.shared.v4.u32 {%0,%1,%2,%3}, [%5];\n}\n"
+            : "+r"(xsm[0][i].x), "+r"(xsm[0][i].y), "+r"(xsm[0][i].z), "+r"(xsm[0][i].w) : "r"(xs_inc), "r"(a + 16u * i));
+    }
+    const uint4 (*xcur)[4] = kXr ? xreg : xsm;  // [CG][4]
 #ifdef FASTNF4_DIAG_STATS_ONCE
     if (rel == 0 && !diag_once) {
       diag_once = true;
@@ -833,8 +880,10 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       }
     }
     ++since;
-    load_x(xc, xnext);
-    advance(xc);
+    if constexpr (kXr) {
+      load_x(xc, xnext);
+      advance(xc);
+    }
     issue();
     ring_ld = ring_ld + 1024 == ring_end ? ring_s : ring_ld + 1024;
     cp_async_wait<kStages - 2>();  // the next slice's group has landed (each lane waits for its own copies)
@@ -905,6 +954,12 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   };
   // two steps per trip, alternating the x buffers (no register copies)
   uint4 xb2[CG][4], w1[2], w2[2];
+  if constexpr (kXs) {
+    // every thread's x copies (the oldest group: younger are the first statistics' and the kStages - 1 weight
+    // groups), then a block barrier; not the weights, so a warp still starts as soon as its own first slice lands
+    cp_async_wait_upto<kStages + 1>(kStages - 1 + (fetched ? 1 : 0));
+    __syncthreads();
+  }
   cp_async_wait<kStages - 2>();  // the first slice's group has landed
   read_ring(w1);
   while (cp.tile < tiles) {
@@ -931,7 +986,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     for (int e = crank * C::kThreads + threadIdx.x;; e += lc * C::kThreads) {
       const int i = e / per_round, rem = e - i * per_round;
       const long long first = (cid + (long long)i * nclusters) * tpb;
-      if (i * C::kWarps >= pipe::kHoles || first >= tiles) break;
+      if (i * C::kWarps >= pipe::kHoles - (kXs ? static_cast<int>(p.xs) : 0) || first >= tiles) break;
       const int lt = rem / (16 * m_rows), mr = rem - lt * 16 * m_rows, m = mr >> 4, r = mr & 15;
       const long long row = (first + lt) * 16 + r;
       if (row >= N) continue;
@@ -1479,22 +1534,32 @@ void* pick(int variant) {
   }
   return nullptr;
 }
-// the decode kernels' block-local split-K builds (variants 0 / 5 only)
+// the decode kernels' builds by split-K settle (local: 0 global, 1 block-local, 2 over clusters) and x path (kXs)
+template <typename T, bool kNested, int kCfg, bool kXs>
+void* pick_decode(int local) {
+  return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, kXs>
+         : local == 1 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 1, kXs>
+                      : (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, kXs>;
+}
 template <typename T, bool kNested>
-void* pick_local(int variant, int local) {
+void* pick_local(int variant, int local, bool xs) {
+#if defined(FASTNF4_NO_XS)  // A / B builds: the decode kernels without staged x (fastnf4_gemv_mma_xs says so)
+  xs = false;
+#endif
   switch (variant) {
-    case 0: return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, 0, 2> : (void*)gemv_mma_pipe<T, 1, kNested, 0, 1>;
-    case 5: return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, 1, 2> : (void*)gemv_mma_pipe<T, 1, kNested, 1, 1>;
+    case 0: return xs ? pick_decode<T, kNested, 0, true>(local) : pick_decode<T, kNested, 0, false>(local);
+    case 5: return xs ? pick_decode<T, kNested, 1, true>(local) : pick_decode<T, kNested, 1, false>(local);
   }
   return nullptr;
 }
 
-// local: 0 the global settle's build, 1 the block-local one, 2 the cluster one (decode kernels only)
-void* kernel_for(int dtype, int variant, int nested, int local = 0) {
-  if (local) {
+// local: 0 the global settle's build, 1 the block-local one, 2 the cluster one; xs: staged x (decode kernels only)
+void* kernel_for(int dtype, int variant, int nested, int local = 0, bool xs = false) {
+  if (local || xs) {
     if (dtype == 0)
-      return nested ? pick_local<__nv_bfloat16, true>(variant, local) : pick_local<__nv_bfloat16, false>(variant, local);
-    return nested ? pick_local<__half, true>(variant, local) : pick_local<__half, false>(variant, local);
+      return nested ? pick_local<__nv_bfloat16, true>(variant, local, xs)
+                    : pick_local<__nv_bfloat16, false>(variant, local, xs);
+    return nested ? pick_local<__half, true>(variant, local, xs) : pick_local<__half, false>(variant, local, xs);
   }
   if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(variant) : pick<__nv_bfloat16, false>(variant);
   return nested ? pick<__half, true>(variant) : pick<__half, false>(variant);
@@ -1540,10 +1605,12 @@ extern "C" {
 // decode kernels the lowest of the global-settle, block-local and cluster builds (all get their attributes set here).
 int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   int least = -1;
-  for (int local = 0; local < 3; ++local) {
-    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, local);
+  for (int build = 0; build < 6; ++build) {
+    const int local = build % 3;
+    const bool xs = build >= 3;
+    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, local, xs);
     if (f == nullptr) {
-      if (local) break;
+      if (build) break;
       return 0;
     }
     const int smem = fastnf4_mma::smem_for(variant);
@@ -1569,22 +1636,35 @@ int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
 // Clusters of `size` blocks of the decode kernels' block-local build that can be resident at once (0: none / error;
 // after fastnf4_gemv_mma_occupancy set the kernel's attributes).
 int fastnf4_gemv_mma_clusters(int dtype, int variant, int nested, int size) {
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, 2);
-  if (f == nullptr || size < 1 || size > 8) return 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)size);
-  cfg.blockDim = dim3(fastnf4_mma::threads_for(variant));
-  cfg.dynamicSmemBytes = (size_t)fastnf4_mma::smem_for(variant);
-  cudaLaunchAttribute attr[1];
-  fastnf4_mma::cluster_attr(attr[0], size);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, f, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+  int least = -1;
+  for (int xs = 0; xs < 2; ++xs) {  // the least of the two x paths' builds
+    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, 2, xs != 0);
+    if (f == nullptr || size < 1 || size > 8) return 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)size);
+    cfg.blockDim = dim3(fastnf4_mma::threads_for(variant));
+    cfg.dynamicSmemBytes = (size_t)fastnf4_mma::smem_for(variant);
+    cudaLaunchAttribute attr[1];
+    fastnf4_mma::cluster_attr(attr[0], size);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, f, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    least = least < 0 || clusters < least ? clusters : least;
   }
-  return clusters;
+  return least;
+}
+
+// Whether the decode kernels have the staged-x builds (Params::xs); 0 in A / B builds made without them.
+int fastnf4_gemv_mma_xs() {
+#if defined(FASTNF4_NO_XS)
+  return 0;
+#else
+  return 1;
+#endif
 }
 
 // Warps per block and weight rows per work item of a kernel variant.
@@ -1595,7 +1675,10 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1);
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1, p->xs > 0);
+  if (p->xs > 0 && (p->M > 2 || p->xs != p->M * ((p->K + fastnf4_mma::kSlice - 1) / fastnf4_mma::kSlice) * 2 ||
+                    p->xs > fastnf4_mma::pipe::kHoles))
+    return (int)cudaErrorInvalidValue;  // (the host's xs must be exactly the staged rows' holes)
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
   cudaLaunchConfig_t cfg = {};

@@ -28,7 +28,7 @@ class Params(ctypes.Structure):
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong), ("blocksize", ctypes.c_longlong),
         ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
-        ("local", ctypes.c_longlong), ("lcluster", ctypes.c_longlong),
+        ("local", ctypes.c_longlong), ("lcluster", ctypes.c_longlong), ("xs", ctypes.c_longlong),
     ]
 
 
@@ -54,6 +54,8 @@ class _Lib:
         # capture) never trigger lazy loading.
         self.occupancy = {(d, v, nested): lib.fastnf4_gemv_mma_occupancy(d, v, nested)
                           for d in (0, 1) for v in VARIANTS for nested in (0, 1)}
+        lib.fastnf4_gemv_mma_xs.restype = ctypes.c_int
+        self.xs = bool(lib.fastnf4_gemv_mma_xs())  # the decode kernels have the staged-x builds (see x_holes)
         lib.fastnf4_gemv_mma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_gemv_mma_clusters.restype = ctypes.c_int
         # clusters of the decode kernels' block-local build resident at once (for local_plan), asked now
@@ -163,7 +165,7 @@ def wide_for_split(m: int, n: int, k: int, blocks: int, block_warps: int) -> boo
     if m != 1 or n * k <= WIDE_LOCAL_MIN_ELEMS:
         return False
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
-    return local_plan(n, k, blocks, block_warps, s, per) is not None
+    return local_plan(n, k, blocks, block_warps, s, per, holes=LOCAL_HOLES - x_holes(m, k)) is not None
 
 
 def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
@@ -177,7 +179,7 @@ def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> boo
     if m > 2 or n * k <= WIDE_MAX_ELEMS:
         return False
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
-    return local_plan(n, k, blocks, block_warps, s, per) is None
+    return local_plan(n, k, blocks, block_warps, s, per, holes=LOCAL_HOLES - x_holes(m, k)) is None
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
@@ -224,7 +226,10 @@ def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True, rows: int
 # FASTNF4_DIAG_NO_SETTLE, session 19). A block then takes U / S whole tiles per round (U <= its warps), so some splits
 # leave warps idle; ``local_plan`` takes it only where its rounds x (slices per split + ITEM_COST) are no more than the
 # global plan's (ITEM_COST: a work item's own statistics phase and start, in slices).
-LOCAL_HOLES = 256  # partial-sum slots per block (the table's free halves): rounds x warps per block must fit
+LOCAL_HOLES = 256  # partial-sum slots per block (the table's free halves, less x_holes): rounds x warps must fit
+# The decode kernels (M <= 2) stage x once per block in the top holes (gemv_mma.cu kXs) where it takes at most
+# X_HOLES_MAX of them (M = 1: K <= 11264; M = 2: K <= 5632), instead of loading it into registers a slice ahead.
+X_HOLES_MAX = 176
 # Cluster sizes the block-local split-K may also share a round's tiles over (gemv_mma.cu kLocal = 2: the partials
 # read over distributed shared memory): pairs of blocks let 20-warp blocks hold S = 8 parts of 5 tiles per pair
 # (Qwen o 320 tiles: 264 per round in single blocks). H200, session 19 (probe_decode.py against e37fdc0's build, two
@@ -234,6 +239,13 @@ LOCAL_CLUSTERS = (2,)
 ITEM_COST = 1
 
 
+def x_holes(m: int, k: int) -> int:
+    """Holes of the decode kernel's table that x takes when staged (two per 128-wide slice and row), or 0 where it
+    stays in registers (too large; FASTNF4_GEMV_XS=0)."""
+    h = m * 2 * -(-k // SLICE)
+    return h if m <= 2 and h <= X_HOLES_MAX and os.environ.get("FASTNF4_GEMV_XS", "1") != "0" else 0
+
+
 def local_groups(blocks: int, c: int, clusters: dict[int, int]) -> int:
     """Blocks (c = 1) or clusters of c blocks in a block-local grid of at most ``blocks`` blocks, the clusters no
     more than ``clusters[c]`` (resident at once)."""
@@ -241,18 +253,19 @@ def local_groups(blocks: int, c: int, clusters: dict[int, int]) -> int:
 
 
 def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int,
-               clusters: dict[int, int] | None = None) -> tuple[int, int, int, int] | None:
+               clusters: dict[int, int] | None = None, holes: int = LOCAL_HOLES) -> tuple[int, int, int, int] | None:
     """(S, slices per split, tiles per block or cluster and round, blocks per cluster) of the block-local split-K
     for ``blocks`` resident blocks of ``block_warps`` warps, or None where the global plan (``splits``, ``per``)
     costs less (or does not split). ``clusters`` = {C: clusters of C blocks resident at once} adds plans whose tiles
     are shared by the C blocks of a thread block cluster (C warps x as many per tile round). The least cost per warp
-    (rounds x (slices per split + ITEM_COST)); among equals no cluster, then the fewest parts."""
-    return _local_plan(n, k, blocks, block_warps, splits, per, tuple(sorted((clusters or {}).items())))
+    (rounds x (slices per split + ITEM_COST)); among equals no cluster, then the fewest parts. ``holes``: partial-sum
+    slots per block (LOCAL_HOLES less the staged x's ``x_holes``)."""
+    return _local_plan(n, k, blocks, block_warps, splits, per, tuple(sorted((clusters or {}).items())), holes)
 
 
 @functools.lru_cache(maxsize=4096)  # pure; asked by every Prepared (a launch of ``launch`` without a kept Prepared)
 def _local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int,
-                cluster_items: tuple[tuple[int, int], ...]) -> tuple[int, int, int, int] | None:
+                cluster_items: tuple[tuple[int, int], ...], holes: int) -> tuple[int, int, int, int] | None:
     if splits <= 1:
         return None
     clusters = dict(cluster_items)
@@ -269,7 +282,7 @@ def _local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per:
                 continue
             tpb = c * block_warps // s
             rounds = -(-tiles // (groups * tpb))
-            if rounds * block_warps > LOCAL_HOLES:
+            if rounds * block_warps > holes:
                 continue
             cost = rounds * (p + ITEM_COST)
             if best is None or cost < best[0]:
@@ -320,13 +333,15 @@ class Prepared:
         per_block = lib.warps[v] if rows == 16 else 1
         cost = DECODE_SPLIT_COST if m <= 2 and v in (0, DECODE_WIDE) else SPLIT_COST
         decode = m <= 2 and v in (0, DECODE_WIDE)
+        # staged x: the plans leave its holes free in every build; only builds that have it are told to use it
+        xh = x_holes(m, k) if decode else 0
         tpb = 0  # tiles per block (cluster) and round of the block-local split-K (0: off)
         lc = 1   # blocks per cluster sharing them
         clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS} if decode else {}
         if decode and local is not False and splits is None:
             s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
             lp = local_plan(n, k, sms * occ, per_block, s, per, clusters if local_cluster is None else
-                            {c: r for c, r in clusters.items() if c == local_cluster})
+                            {c: r for c, r in clusters.items() if c == local_cluster}, holes=LOCAL_HOLES - xh)
             if lp is not None:
                 s, per, tpb, lc = lp
             elif local:
@@ -338,7 +353,7 @@ class Prepared:
             lc = local_cluster or 1
             groups = local_groups(sms * occ, lc, clusters)
             tpb = lc * per_block // s if 1 < s <= lc * per_block and groups > 0 else 0
-            if tpb == 0 or -(-tiles // (groups * tpb)) * per_block > LOCAL_HOLES:
+            if tpb == 0 or -(-tiles // (groups * tpb)) * per_block > LOCAL_HOLES - xh:
                 raise ValueError(f"gemv_mma: no block-local split-K of {s} parts in clusters of {lc} here")
         if tpb == 0:
             s, per = splits or plan(m, n, k, sms * occ * per_block,
@@ -368,7 +383,9 @@ class Prepared:
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
             code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
-            local=tpb * s, lcluster=lc,
+            # (splits past the end of K, which only a forced plan has, read x in registers: their slices lie past
+            # the staged rows)
+            local=tpb * s, lcluster=lc, xs=xh if lib.xs and (s - 1) * per < -(-k // SLICE) else 0,
         )
         self.local = tpb > 0
 
