@@ -1,11 +1,12 @@
 """Decode kernel (M = 1) on the large weights: time per split-K choice and % of the NF4 byte floor, for the
 build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE_M = x rows (default 1; 3-32 take
-the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / big / small. S = 0: the default
+the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / model / big / small. S = 0: the default
 plan (with the block-local split-K where gemv_mma.local_plan takes it), g: the default plan with the global settle,
-w: the 20-warp decode kernel's default plan (block-local where it takes it), else S splits (global settle).
+w: the 20-warp decode kernel's default plan (block-local where it takes it), n: the same for the 16-warp (variant 0)
+kernel, else S splits (global settle).
 FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
 block-local split-K it may lack: use g). FASTNF4_PROBE_EMPTY=1 first times a one-element fill (a launch alone).
-usage: python benchmarks/probe_decode.py [S|g|w ...]"""
+usage: python benchmarks/probe_decode.py [S|g|w|n ...]"""
 import os
 import sys
 
@@ -21,7 +22,7 @@ if os.environ.get("FASTNF4_PROBE_SRC"):
     gemv_mma.SOURCE = os.environ["FASTNF4_PROBE_SRC"]  # before the first load (gemv_mma._lib_for is cached)
     gemv_mma.LOCAL_CLUSTERS = ()  # (an older build has no cluster form of the block-local split-K)
 bw = copy_bandwidth(2**30)["GBps"]
-splits = [a if a in ("g", "w") else int(a) for a in sys.argv[1:]] or [0]
+splits = [a if a in ("g", "w", "n") else int(a) for a in sys.argv[1:]] or [0]
 LARGE = [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]
 # Llama q+o, Qwen q / o, Gemma qkv / q, Qwen gate+up (21-68 MB packed)
 MID = [(8192, 8192), (8192, 5120), (5120, 8192), (8192, 5376), (4096, 5376), (25600, 5120)]
@@ -30,6 +31,7 @@ GATE_UP = [(28672, 8192), (21504, 5376)]
 # Gemma gate_up / down (the other model weights of > 96M elements)
 GEMMA_BIG = [(43008, 5376), (5376, 21504)]
 SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID, "gateup": GATE_UP, "every": LARGE + MID + GATE_UP,
+        "model": LARGE + MID + GATE_UP + GEMMA_BIG,  # every model weight of >= 11 MB the decode kernels take
         "big": [(5120, 25600), (25600, 5120), (28672, 8192), (21504, 5376)] + GEMMA_BIG,
         # the split small-weight kernel's weights at M = 1 (Gemma q / o, the k/v projections)
         "small": [(4096, 5376), (5376, 4096), (1024, 8192), (1024, 5120), (2048, 5376)]}
@@ -48,9 +50,9 @@ for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     slices = -(-k // 128)
     line = f"{n:5d}x{k:5d} floor {floor:5.1f} M {m}:"
     for s in splits:
-        sp = None if s in (0, "g", "w") else (s, -(-slices // s))
+        sp = None if s in (0, "g", "w", "n") else (s, -(-slices // s))
         local = False if s == "g" else None
-        kernel = gemv_mma.DECODE_WIDE if s == "w" else None
+        kernel = gemv_mma.DECODE_WIDE if s == "w" else 0 if s == "n" else None
         t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp, local=local, kernel=kernel)
                         for i in range(reps)])
         line += f" s{s} {t['median_us']:6.1f} ({100 * floor / t['median_us']:3.0f}%)"

@@ -413,6 +413,26 @@ def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
     assert not gemv_mma.wide_for_split(2, 4096, 5376, 132, 20)  # M = 1 only
 
 
+def test_m1_decode_kernel_pick_follows_the_h200_measurements():
+    """At M = 1 ``decode_cost`` picks between the 16- and 20-warp decode kernels (132 SMs, one block each, clusters of
+    two): the faster one measured on the H200 in session 21 (probe_decode.py n w, staged x) on every model weight it
+    applies to, but Qwen q (measured 20 warps 11.8 vs 12.2 us) and Llama down (equal within 0.1 us)."""
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma
+
+    faster16 = {("llama-3.3-70b", "q+o"), ("llama-3.3-70b", "gate_up"), ("gemma-3-27b", "q"),
+                ("gemma-3-27b", "qkv"), ("gemma-3-27b", "gate+up"), ("gemma-3-27b", "down")}
+    faster20 = {("llama-3.3-70b", "qkv"), ("llama-3.3-70b", "gate+up"), ("qwen3-32b", "o"), ("qwen3-32b", "gate+up"),
+                ("qwen3-32b", "down"), ("qwen3-32b", "gate_up"), ("gemma-3-27b", "gate_up")}
+    for model, layer, n, k in model_shapes():
+        c16 = gemv_mma.decode_cost(1, n, k, 132, 16, {2: 66})
+        c20 = gemv_mma.decode_cost(1, n, k, 132, 20, {2: 66})
+        if (model, layer) in faster16:
+            assert c16 <= c20, (model, layer)
+        elif (model, layer) in faster20:
+            assert c20 < c16, (model, layer)
+
+
 def test_pdl_decision_never_touches_a_gpu(monkeypatch):
     from fastnf4.ops.dequantize import kernel as dq_kernel
 

@@ -182,6 +182,32 @@ def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> boo
     return local_plan(n, k, blocks, block_warps, s, per, holes=LOCAL_HOLES - x_holes(m, k)) is None
 
 
+# At M = 1 (with the staged x of session 21) the two decode kernels are picked by ``decode_cost``: their plan's slices
+# per warp (rounds x (slices per split + ITEM_COST)) times the block's warps, i.e. slices per SM at a rate the two
+# kernels share, x GLOBAL_SETTLE_COST where the plan has global split-K partials. H200 (probe_decode.py n w, session 21,
+# two rounds of 15 weights, NOTES.md): the cost ratio named the faster kernel on 13 of 15 weights (Qwen q 11.8 vs 12.2
+# us and Llama down 47.4 vs 47.5 the misses); the settle factor fits Qwen gate+up (global 16-warp 30.8 vs block-local
+# 20-warp 28.4 us), Gemma gate+up (26.0 vs 27.2) and Gemma gate_up (45.9 vs 44.7). Against the size rules (``choose``,
+# ``wide_above_max``, ``wide_for_split``) it moves Llama q+o (16.2 -> 15.6 us), Gemma qkv (13.1 -> 12.8), Gemma q
+# (9.6 -> 9.2), Gemma gate+up (27.2 -> 26.0), Gemma down (28.7 -> 27.4-28.3) and Qwen q (11.8 -> 12.2, the miss) to 16
+# warps and Qwen gate_up (49.1 -> 48.2) to 20. M = 2 keeps the size rules (not measured).
+GLOBAL_SETTLE_COST = 1.17
+
+
+def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int] | None = None) -> float:
+    """The model cost of the decode kernel of ``block_warps`` warps on ``blocks`` resident blocks for this weight (its
+    default plan, block-local where ``local_plan`` takes it): see GLOBAL_SETTLE_COST."""
+    s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
+    tiles = -(-n // 16)
+    lp = local_plan(n, k, blocks, block_warps, s, per, clusters, holes=LOCAL_HOLES - x_holes(m, k))
+    if lp is not None:
+        _, p, tpb, c = lp
+        rounds = -(-tiles // (local_groups(blocks, c, clusters or {}) * tpb))
+        return float(rounds * (p + ITEM_COST) * block_warps)
+    rounds = -(-tiles * s // (blocks * block_warps))
+    return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0)
+
+
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
 # decode kernel (M <= 2) pays more per split (float32 partial sums, the settle, a statistics phase per work item).
 # H200, session 16 (benchmarks/probe_decode.py, every split count 1-16 on 12 weights of 21-242 MB, NOTES.md): with
@@ -314,6 +340,13 @@ class Prepared:
         if (kernel is None and v == SPLIT and local is not False and occ20 > 0 and
                 wide_for_split(m, n, k, lib.sms * occ20, lib.warps[DECODE_WIDE])):
             v = DECODE_WIDE
+        if kernel is None and m == 1 and v in (0, DECODE_WIDE) and local is not False:
+            occ16 = lib.occupancy[(dt, 0, int(nested))]
+            if occ16 > 0 and occ20 > 0:  # the cheaper of the two by ``decode_cost`` (M = 1)
+                costs = {w: decode_cost(m, n, k, lib.sms * o, lib.warps[w],
+                                        {c: lib.clusters.get((dt, w, int(nested), c), 0) for c in LOCAL_CLUSTERS})
+                         for w, o in ((0, occ16), (DECODE_WIDE, occ20))}
+                v = 0 if costs[0] <= costs[DECODE_WIDE] else DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if v == SPLIT and m != 1:
