@@ -184,19 +184,20 @@ def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
         assert torch.equal(yg, prepared(x)) and ((yg.double() - ref).abs() <= tol).all()
 
 
-@pytest.mark.parametrize("n, k", [(17, 96), (40, 32), (1000, 4128), (3000, 5376), (700, 8192), (300, 11392)])
+@pytest.mark.parametrize("n, k", [(17, 128), (17, 96), (1000, 4096), (1000, 4128), (3000, 5376), (700, 8192),
+                                  (300, 11392)])
 def test_staged_x_gives_the_bits_of_x_in_registers(n, k, monkeypatch):
     """The decode kernels' staged x (x copied once per block into the table's top holes, gemv_mma.x_holes) gives
-    the bits of the register path (x loaded one slice ahead) for the same plan: K not a multiple of the slice,
-    M = 1 and 2, both decode kernels, block-local and global split-K and none; x too large to stage (M = 2 at K =
-    8192, M = 1 at K = 11392) takes the register path. Fresh data, outputs poisoned, and the arithmetic model holds."""
+    the bits of the register path (x loaded one slice ahead) for the same plan: M = 1 and 2, both decode kernels,
+    block-local and global split-K and none; K not a multiple of the slice (96, 4128) and x too large to stage (M = 2
+    at K = 8192, M = 1 at K = 11392) take the register path. Fresh data, outputs poisoned, and the arithmetic model holds."""
     torch.manual_seed(n + k)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64)
     slices = -(-k // 128)
     for m in (1, 2):
         monkeypatch.setenv("FASTNF4_GEMV_XS", "1")
         staged = gemv_mma.x_holes(m, k)
-        assert (staged > 0) == (2 * m * slices <= gemv_mma.X_HOLES_MAX)
+        assert (staged > 0) == (k % 128 == 0 and 2 * m * slices <= gemv_mma.X_HOLES_MAX)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = _model(q, x, None)
         tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()

@@ -624,7 +624,8 @@ struct Cursor {
 // hrow = 2 ceil(K / 128): 64 elements per hole, zero-padded to whole slices), so slice s of row m is holes 2 s and
 // 2 s + 1 of it and lane t's 64 bytes of it lie at a fixed lane offset + 512 s. Per slice: one multiply-add and four
 // 16-byte shared loads by the lanes that carry x (predicated: the others keep the zeros the mma needs from them)
-// instead of the x cursor, the predicated global loads and a second x buffer. H200 (probe_decode.py, M = 1, NOTES.md
+// instead of the x cursor, the predicated global loads and a second x buffer; K % 128 == 0 (the host's condition),
+// so the weight copies need no K bound (0.1-1.3 us at M = 1). H200 (probe_decode.py, M = 1, NOTES.md
 // session 21): 4-14% faster on every staged weight (Llama gate_up 89.9 -> 78.6 us, q+o 17.9 -> 16.3); unpredicated
 // loads (the other lanes reading a zero hole) and a block barrier after the first weight slice instead of after x
 // alone were each slower than the register path.
@@ -783,7 +784,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   auto issue = [&]() {
     if (ld.tile < tiles) {
       const int off = ld.slice * (kSlice / 2);
-      const bool kin = 2 * off + 32 * t < K32;
+      // (staged x is only taken with K % 128 == 0 and no split past the end: every slice lies inside the rows)
+      const bool kin = kXs || 2 * off + 32 * t < K32;
       const int o = kin ? off : 0;  // (addresses stay inside the rows even where nothing is read)
       cp_async16_weights_if(ring_ld, ldA + o, kin && szA, wpolicy);
       cp_async16_weights_if(ring_ld + 512, ldB + o, kin && szB, wpolicy);
@@ -831,6 +833,11 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 #ifdef FASTNF4_DIAG_STATS_ONCE  // timing experiment only (wrong results): statistics staged once per warp
   bool diag_once = false;
 #endif
+  // kXs: this lane's x registers, zeroed once (a lane without x never loads: its B operand stays zero; zeroing them
+  // every slice was 8 more instructions per slice and 0.1-1.1 us slower at M = 1, H200, session 21)
+  uint4 xs_keep[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) xs_keep[i] = make_uint4(0, 0, 0, 0);
   // this lane's 32 bytes of the slice at ring_rd (rows g and g + 8), read one slice ahead of their use
   auto read_ring = [&](uint4 (&w)[2]) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[0].x), "=r"(w[0].y), "=r"(w[0].z), "=r"(w[0].w)
@@ -846,11 +853,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     if constexpr (!kXr) {
       const uint32_t a = xs_base + static_cast<uint32_t>(cp.slice) * xs_inc;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xsm[0][i] = make_uint4(0, 0, 0, 0);
+      for (int i = 0; i < 4; ++i) xsm[0][i] = xs_keep[i];  // (the lanes without x keep the zeros of the start)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         asm("{\n .reg .pred on;\n setp.ne.u32 on, %4, 0;\n @on ld.shared.v4.u32 {%0,%1,%2,%3}, [%5];\n}\n"
             : "+r"(xsm[0][i].x), "+r"(xsm[0][i].y), "+r"(xsm[0][i].z), "+r"(xsm[0][i].w) : "r"(xs_inc), "r"(a + 16u * i));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xs_keep[i] = xsm[0][i];
     }
     const uint4 (*xcur)[4] = kXr ? xreg : xsm;  // [CG][4]
 #ifdef FASTNF4_DIAG_STATS_ONCE
@@ -1676,9 +1685,11 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
   void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1, p->xs > 0);
-  if (p->xs > 0 && (p->M > 2 || p->xs != p->M * ((p->K + fastnf4_mma::kSlice - 1) / fastnf4_mma::kSlice) * 2 ||
-                    p->xs > fastnf4_mma::pipe::kHoles))
-    return (int)cudaErrorInvalidValue;  // (the host's xs must be exactly the staged rows' holes)
+  // staged x: exactly the rows' holes, K % 128 == 0 and no split past the end of K (its copies skip the K bound)
+  const long long slices = (p->K + fastnf4_mma::kSlice - 1) / fastnf4_mma::kSlice;
+  if (p->xs > 0 && (p->M > 2 || p->K % fastnf4_mma::kSlice != 0 || p->xs != p->M * slices * 2 ||
+                    p->xs > fastnf4_mma::pipe::kHoles || (p->splits - 1) * p->slices_per_split >= slices))
+    return (int)cudaErrorInvalidValue;
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
   cudaLaunchConfig_t cfg = {};

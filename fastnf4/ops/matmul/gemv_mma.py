@@ -267,9 +267,11 @@ ITEM_COST = 1
 
 def x_holes(m: int, k: int) -> int:
     """Holes of the decode kernel's table that x takes when staged (two per 128-wide slice and row), or 0 where it
-    stays in registers (too large; FASTNF4_GEMV_XS=0)."""
-    h = m * 2 * -(-k // SLICE)
-    return h if m <= 2 and h <= X_HOLES_MAX and os.environ.get("FASTNF4_GEMV_XS", "1") != "0" else 0
+    stays in registers (too large, K % 128 != 0 (the staged build drops the K bound of the weight copies) or
+    FASTNF4_GEMV_XS=0)."""
+    h = m * 2 * (k // SLICE)
+    return (h if m <= 2 and k % SLICE == 0 and h <= X_HOLES_MAX and os.environ.get("FASTNF4_GEMV_XS", "1") != "0"
+            else 0)
 
 
 def local_groups(blocks: int, c: int, clusters: dict[int, int]) -> int:
