@@ -590,6 +590,17 @@ __device__ __forceinline__ void build_pair_table(uint32_t* table, const float* c
   }
 }
 
+// The same from ``code_l`` = code[lane % 16] held by every lane (the decode kernel loads it before its first weight
+// copies and writes the table while they are in flight: no global load left in the build); threads % 32 == 0.
+template <typename T>
+__device__ __forceinline__ void build_pair_table_from(uint32_t* table, float code_l, int threads) {
+  for (int i = threadIdx.x; i < 256 * 8; i += threads) {
+    const int v = i >> 3;
+    const uint32_t pr = Pair<T>::make(__shfl_sync(0xffffffffu, code_l, v >> 4), __shfl_sync(0xffffffffu, code_l, v & 15));
+    *reinterpret_cast<uint4*>(table + v * 64 + 4 * (i & 7)) = make_uint4(pr, pr, pr, pr);
+  }
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int n>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n)); }
@@ -646,18 +657,36 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 #if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 0  // timing experiment only: the launch alone
   if (p.M > 0) return;
 #endif
-  // the pair table overlaps the previous kernel's drain when its source is a constant (PDL launches)
-  if (!p.code_const) pdl_wait();
-#if !defined(FASTNF4_DIAG_NO_TABLE)  // timing experiment only (wrong results): no table build
-  build_pair_table<T>(table, p.code, C::kThreads);
+  // The pair table is built while the first weight copies are in flight (after they are issued, before the block
+  // barrier ahead of the first step; H200, NOTES.md session 21), or, when its source is a constant (PDL launches),
+  // before pdl_wait: it then overlaps the previous kernel's drain.
+#if defined(FASTNF4_TABLE_FIRST)  // A / B: the table built first, as before session 21
+  const bool table_first = true;
+#else
+  const bool table_first = p.code_const != 0;
 #endif
-  if (p.code_const) pdl_wait();
-  pdl_launch_dependents();
-  if constexpr (kNested) {
-    for (int i = threadIdx.x; i < 256; i += C::kThreads) nested_code[i] = __ldg(p.nested_code + i);
+  static_assert(C::kThreads >= 256, "one nested code per thread");
+  if (table_first && p.code_const) {
+#if !defined(FASTNF4_DIAG_NO_TABLE)  // timing experiment only (wrong results): no table build
+    build_pair_table<T>(table, p.code, C::kThreads);
+#endif
   }
+  pdl_wait();
+  // (late build) the 16 code values and this thread's nested code, loaded before the weight copies are issued
+  const float code_l = table_first ? 0.f : __ldg(p.code + (threadIdx.x & 15));
+  const float nested_t = kNested && threadIdx.x < 256 ? __ldg(p.nested_code + threadIdx.x) : 0.f;
+  if (table_first && !p.code_const) {
+#if !defined(FASTNF4_DIAG_NO_TABLE)
+    build_pair_table<T>(table, p.code, C::kThreads);
+#endif
+  }
+  auto store_nested = [&]() {  // (read after pdl_wait: the nested codes are not a constant)
+    if (kNested && threadIdx.x < 256) nested_code[threadIdx.x] = nested_t;
+  };
+  if (table_first) store_nested();
+  pdl_launch_dependents();
   const float offset = kNested ? __ldg(p.offset) : 0.f;
-  // staged x (kXs): copied into the holes here, waited for (and a block barrier) before the first step; the lane's
+  // staged x (kXs): copied into the holes here, waited for (and the block barrier) before the first step; the lane's
   // address of slice s is xs_base + s * xs_inc
   uint32_t xs_base = 0, xs_inc = 0;
   if constexpr (kXs) {
@@ -678,10 +707,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     xs_base = on ? holes0 + 256u * (h0 + m * hrow + (lt >> 1)) + 64u * (lt & 1) : holes0;
     xs_inc = on ? 512u : 0u;
   }
-  __syncthreads();
-#if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 1  // timing experiment only: launch and table build
-  if (p.M > 0) return;
-#endif
+  if (table_first) __syncthreads();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -963,12 +989,21 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   };
   // two steps per trip, alternating the x buffers (no register copies)
   uint4 xb2[CG][4], w1[2], w2[2];
+  if (!table_first) {
+#if !defined(FASTNF4_DIAG_NO_TABLE)
+    build_pair_table_from<T>(table, code_l, C::kThreads);
+#endif
+    store_nested();
+  }
   if constexpr (kXs) {
     // every thread's x copies (the oldest group: younger are the first statistics' and the kStages - 1 weight
-    // groups), then a block barrier; not the weights, so a warp still starts as soon as its own first slice lands
+    // groups), then the block barrier; not the weights, so a warp still starts as soon as its own first slice lands
     cp_async_wait_upto<kStages + 1>(kStages - 1 + (fetched ? 1 : 0));
-    __syncthreads();
   }
+  if (!table_first || kXs) __syncthreads();  // the table, nested codes (and staged x) written by every thread
+#if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 1  // timing experiment only: launch and table build
+  if (p.M > 0) return;
+#endif
   cp_async_wait<kStages - 2>();  // the first slice's group has landed
   read_ring(w1);
   while (cp.tile < tiles) {
