@@ -217,6 +217,45 @@ def test_staged_x_gives_the_bits_of_x_in_registers(n, k, monkeypatch):
                 assert ((ys[0].double() - ref).abs() <= tol).all(), (m, kernel, splits, local)
 
 
+@pytest.mark.parametrize("n, k", [(1000, 16384), (700, 12288)])
+def test_split_major_clusters_stage_their_part_of_x(n, k):
+    """Split-major cluster plans (each block of a cluster of two holds whole splits and stages only their part of x,
+    for x too large to stage whole) give the bits of the global settle for the same plan, at M = 1 and 2, both decode
+    kernels (16 warps: S = 4 / 8; 20 warps: S = 4 / 8 / 10); each decode kernel's default plan of such a weight is
+    checked against the arithmetic model. Fresh data, outputs poisoned."""
+    torch.manual_seed(n + k)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64, double_quant=True)
+    slices = k // 128
+    tried = 0  # plans run with staged x
+    for m in (1, 2):
+        assert gemv_mma.x_holes(m, k) == 0 and gemv_mma.split_stage_m(m, k) == m  # not staged whole
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = _model(q, x, None)
+        tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
+        for kernel, warps in ((0, 16), (gemv_mma.DECODE_WIDE, 20)):
+            for s in (4, 8, 10):
+                per = -(-slices // s)
+                tpb = 2 * warps // s
+                if -(-slices // per) != s or tpb * s != 2 * warps or warps % tpb:
+                    continue
+                p = gemv_mma.Prepared(x, *linear_args(q), splits=(s, per), kernel=kernel, local=True, local_cluster=2,
+                                      local_split=True)
+                staged = p.params.xs
+                assert p.params.lsplit == 1 and (staged == 0 or staged == m * 2 * (warps // tpb) * per)
+                y = p(x, torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16))
+                yg = gemv_mma.launch(x, *linear_args(q), y=torch.full((m, n), float("nan"), device="cuda",
+                                                                       dtype=torch.bfloat16),
+                                     splits=(s, per), kernel=kernel, local=False)
+                assert torch.isfinite(y).all() and torch.equal(y, yg), (m, kernel, s)
+                assert ((y.double() - ref).abs() <= tol).all(), (m, kernel, s)
+                tried += staged > 0
+        for kernel in (0, gemv_mma.DECODE_WIDE):  # each decode kernel's own plan (by size these take gemv_split)
+            y = gemv_mma.launch(x, *linear_args(q), y=torch.full((m, n), float("nan"), device="cuda",
+                                                                   dtype=torch.bfloat16), kernel=kernel)
+            assert ((y.double() - ref).abs() <= tol).all(), (m, kernel)
+    assert tried >= 5  # (M = 1 fits on both shapes; M = 2 at K = 16384 does not)
+
+
 def test_block_local_split_k_refuses_what_it_cannot_do():
     """Forcing the block-local split-K where it does not apply is an error that names it, not a wrong result: the
     GEMM kernel (M > 2), more parts than the block has warps, more rounds than its partial-sum slots."""

@@ -62,6 +62,7 @@ struct Params {
   long long local;             // decode kernel: > 0 = U, split-K inside each block (see gemv_mma_pipe), else 0
   long long lcluster;          // with local: blocks per thread block cluster sharing the tiles (1: none)
   long long xs;                // decode kernel: > 0 = x staged in the table's top xs holes (see gemv_mma_pipe), else 0
+  long long lsplit;            // with local and lcluster > 1: 1 = the cluster's warps split-major (see gemv_mma_pipe)
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -692,19 +693,26 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   if constexpr (kXs) {
     const uint32_t holes0 = smem_s + tpad + 128u;
     const int h0 = pipe::kHoles - static_cast<int>(p.xs);
-    const int kc = static_cast<int>((p.K + kSlice - 1) / kSlice) * (kSlice / 8);  // 16-byte pieces per staged row
-    const int hrow = kc / 8;
-    const int K32 = static_cast<int>(p.K);
+    // the staged slices: all of K, or (split-major cluster) this block's splits only
+    int slice0 = 0, nsl = static_cast<int>((p.K + kSlice - 1) / kSlice);
+    if (kLocal == 2 && p.lsplit) {
+      const int sb = C::kWarps / static_cast<int>(p.local / p.splits);  // splits per block
+      slice0 = static_cast<int>(blockIdx.x % p.lcluster) * sb * static_cast<int>(p.slices_per_split);
+      nsl = sb * static_cast<int>(p.slices_per_split);
+    }
+    const int kc = nsl * (kSlice / 8);  // 16-byte pieces per staged row
+    const int hrow = 2 * nsl;
+    const int K8 = static_cast<int>(p.K / 8), c0 = slice0 * (kSlice / 8);
     for (int i = threadIdx.x; i < static_cast<int>(p.M) * kc; i += C::kThreads) {
       const int m = i >= kc ? 1 : 0, cc = i - m * kc;
-      const bool on = 8 * cc < K32;
+      const bool on = c0 + cc < K8;
       cp_async16_if(holes0 + 256u * (h0 + m * hrow + (cc >> 3)) + 16u * (cc & 7),
-                    on ? reinterpret_cast<const T*>(p.x) + static_cast<size_t>(m) * p.K + 8 * cc : p.x, on);
+                    on ? reinterpret_cast<const T*>(p.x) + static_cast<size_t>(m) * p.K + 8 * (c0 + cc) : p.x, on);
     }
     cp_async_commit();
     const int lg = (threadIdx.x & 31) >> 2, lt = threadIdx.x & 3, m = lg >> 2;
     const bool on = (lg & 3) == lt && m < p.M;  // (xs_inc != 0: the lane carries x)
-    xs_base = on ? holes0 + 256u * (h0 + m * hrow + (lt >> 1)) + 64u * (lt & 1) : holes0;
+    xs_base = on ? holes0 + 256u * (h0 + m * hrow + (lt >> 1)) + 64u * (lt & 1) - 512u * slice0 : holes0;
     xs_inc = on ? 512u : 0u;
   }
   if (table_first) __syncthreads();
@@ -734,8 +742,12 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const long long U = kLocal ? p.local : C::kWarps;
   long long warp0, warps;
   if constexpr (kLocal == 2) {
+    // cluster warp cw takes (local tile, split) = (cw / S, cw % S), or split-major (Params::lsplit) (cw % tpb, cw /
+    // tpb): each block then holds whole splits (S / lc of them), so staged x needs only their part of K
     const int lc = static_cast<int>(p.lcluster), cw = static_cast<int>(blockIdx.x) % lc * C::kWarps + warp;
-    warp0 = cw < U ? (long long)(blockIdx.x / lc) * U + cw : tiles * p.splits;
+    const int tpb = static_cast<int>(U / p.splits);
+    const int item = p.lsplit ? cw % tpb * static_cast<int>(p.splits) + cw / tpb : cw;
+    warp0 = cw < U ? (long long)(blockIdx.x / lc) * U + item : tiles * p.splits;
     warps = (long long)(gridDim.x / lc) * U;
   } else {
     warp0 = !kLocal || warp < U ? (long long)blockIdx.x * U + warp : tiles * p.splits;
@@ -1037,7 +1049,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       float v = 0.f;
       if constexpr (kLocal == 2) {
         for (int z = 0; z < splits; ++z) {
-          const int owner = lt * splits + z;  // the cluster warp that took split z
+          const int owner = p.lsplit ? z * tpb + lt : lt * splits + z;  // the cluster warp that took split z
           v += ld_cluster_f32(holes_s + 256u * (i * C::kWarps + owner % C::kWarps) + 4u * (16 * m + r),
                               owner / C::kWarps);
         }
@@ -1720,9 +1732,17 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
   void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1, p->xs > 0);
-  // staged x: exactly the rows' holes, K % 128 == 0 and no split past the end of K (its copies skip the K bound)
+  // split-major clusters: every block holds whole splits (tpb tiles x S parts = lcluster x warps)
+  const long long kw = fastnf4_mma::threads_for(variant) / 32;
+  const bool lsplit = p->lsplit != 0;
+  if (lsplit && (p->local <= 0 || p->lcluster <= 1 || p->splits < 1 || p->local % p->splits != 0 ||
+                 kw % (p->local / p->splits) != 0 || p->local != p->lcluster * kw))
+    return (int)cudaErrorInvalidValue;
+  // staged x: exactly the rows' holes (all of K, or a split-major block's splits), K % 128 == 0 and no split past the
+  // end of K (its copies skip the K bound)
   const long long slices = (p->K + fastnf4_mma::kSlice - 1) / fastnf4_mma::kSlice;
-  if (p->xs > 0 && (p->M > 2 || p->K % fastnf4_mma::kSlice != 0 || p->xs != p->M * slices * 2 ||
+  const long long staged = lsplit ? kw / (p->local / p->splits) * p->slices_per_split : slices;
+  if (p->xs > 0 && (p->M > 2 || p->K % fastnf4_mma::kSlice != 0 || p->xs != p->M * staged * 2 ||
                     p->xs > fastnf4_mma::pipe::kHoles || (p->splits - 1) * p->slices_per_split >= slices))
     return (int)cudaErrorInvalidValue;
   if (f == nullptr) return (int)cudaErrorInvalidValue;

@@ -29,6 +29,7 @@ class Params(ctypes.Structure):
         ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
         ("local", ctypes.c_longlong), ("lcluster", ctypes.c_longlong), ("xs", ctypes.c_longlong),
+        ("lsplit", ctypes.c_longlong),
     ]
 
 
@@ -199,11 +200,12 @@ def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters:
     default plan, block-local where ``local_plan`` takes it): see GLOBAL_SETTLE_COST."""
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
     tiles = -(-n // 16)
-    lp = local_plan(n, k, blocks, block_warps, s, per, clusters, holes=LOCAL_HOLES - x_holes(m, k))
+    lp = local_plan(n, k, blocks, block_warps, s, per, clusters, holes=LOCAL_HOLES - x_holes(m, k),
+                    stage_m=split_stage_m(m, k))
     if lp is not None:
-        _, p, tpb, c = lp
+        _, p, tpb, c, ls = lp
         rounds = -(-tiles // (local_groups(blocks, c, clusters or {}) * tpb))
-        return float(rounds * (p + ITEM_COST) * block_warps)
+        return rounds * (p + ITEM_COST) * block_warps * (STAGED_X_GAIN if ls else 1.0)
     rounds = -(-tiles * s // (blocks * block_warps))
     return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0)
 
@@ -265,6 +267,19 @@ LOCAL_CLUSTERS = (2,)
 ITEM_COST = 1
 
 
+# x too large to stage whole (the down projections) can still be staged by the blocks of a split-major cluster plan
+# (each block holds whole splits, so needs only their part of K: gemv_mma.cu Params.lsplit); ``local_plan`` counts
+# such a plan at STAGED_X_GAIN of its cost (staged x measured 4-14% faster at M = 1, session 21).
+STAGED_X_GAIN = 0.9
+
+
+def split_stage_m(m: int, k: int) -> int:
+    """M where x of M rows could be staged by split-major cluster blocks although not whole (else 0; 0 also with
+    FASTNF4_GEMV_SPLIT_XS=0, the A / B switch)."""
+    return m if (m <= 2 and k % SLICE == 0 and x_holes(m, k) == 0 and os.environ.get("FASTNF4_GEMV_XS", "1") != "0"
+                 and os.environ.get("FASTNF4_GEMV_SPLIT_XS", "1") != "0") else 0
+
+
 def x_holes(m: int, k: int) -> int:
     """Holes of the decode kernel's table that x takes when staged (two per 128-wide slice and row), or 0 where it
     stays in registers (too large, K % 128 != 0 (the staged build drops the K bound of the weight copies) or
@@ -281,19 +296,24 @@ def local_groups(blocks: int, c: int, clusters: dict[int, int]) -> int:
 
 
 def local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int,
-               clusters: dict[int, int] | None = None, holes: int = LOCAL_HOLES) -> tuple[int, int, int, int] | None:
+               clusters: dict[int, int] | None = None, holes: int = LOCAL_HOLES,
+               stage_m: int = 0) -> tuple[int, int, int, int, int] | None:
     """(S, slices per split, tiles per block or cluster and round, blocks per cluster) of the block-local split-K
     for ``blocks`` resident blocks of ``block_warps`` warps, or None where the global plan (``splits``, ``per``)
     costs less (or does not split). ``clusters`` = {C: clusters of C blocks resident at once} adds plans whose tiles
     are shared by the C blocks of a thread block cluster (C warps x as many per tile round). The least cost per warp
     (rounds x (slices per split + ITEM_COST)); among equals no cluster, then the fewest parts. ``holes``: partial-sum
-    slots per block (LOCAL_HOLES less the staged x's ``x_holes``)."""
-    return _local_plan(n, k, blocks, block_warps, splits, per, tuple(sorted((clusters or {}).items())), holes)
+    slots per block (LOCAL_HOLES less the staged x's ``x_holes``). ``stage_m`` > 0 (``split_stage_m``): also the
+    split-major cluster plans whose blocks can stage their part of x of that many rows (their holes and the partial
+    sums' fitting), at STAGED_X_GAIN of the cost; the fifth element says split-major (1) or not (0)."""
+    return _local_plan(n, k, blocks, block_warps, splits, per, tuple(sorted((clusters or {}).items())), holes,
+                       stage_m)
 
 
 @functools.lru_cache(maxsize=4096)  # pure; asked by every Prepared (a launch of ``launch`` without a kept Prepared)
 def _local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per: int,
-                cluster_items: tuple[tuple[int, int], ...], holes: int) -> tuple[int, int, int, int] | None:
+                cluster_items: tuple[tuple[int, int], ...], holes: int,
+                stage_m: int) -> tuple[int, int, int, int, int] | None:
     if splits <= 1:
         return None
     clusters = dict(cluster_items)
@@ -314,7 +334,12 @@ def _local_plan(n: int, k: int, blocks: int, block_warps: int, splits: int, per:
                 continue
             cost = rounds * (p + ITEM_COST)
             if best is None or cost < best[0]:
-                best = (cost, s, p, tpb, c)
+                best = (cost, s, p, tpb, c, 0)
+            # split-major: each block holds block_warps / tpb whole splits and stages their part of x
+            if (stage_m and c > 1 and tpb * s == c * block_warps and block_warps % tpb == 0 and
+                    rounds * block_warps + stage_m * 2 * (block_warps // tpb) * p <= holes):
+                if cost * STAGED_X_GAIN < best[0]:
+                    best = (cost * STAGED_X_GAIN, s, p, tpb, c, 1)
     return best[1:] if best is not None and best[0] <= global_cost else None
 
 
@@ -328,7 +353,7 @@ class Prepared:
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
                  nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None,
-                 local: bool | None = None, local_cluster: int | None = None):
+                 local: bool | None = None, local_cluster: int | None = None, local_split: bool = False):
         index = _index(x2d.device)
         lib = _lib_for(index)
         m = x2d.shape[0]
@@ -372,13 +397,15 @@ class Prepared:
         xh = x_holes(m, k) if decode else 0
         tpb = 0  # tiles per block (cluster) and round of the block-local split-K (0: off)
         lc = 1   # blocks per cluster sharing them
+        ls = 0   # 1: split-major clusters (each block holds whole splits and stages only their part of x)
         clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS} if decode else {}
         if decode and local is not False and splits is None:
             s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
             lp = local_plan(n, k, sms * occ, per_block, s, per, clusters if local_cluster is None else
-                            {c: r for c, r in clusters.items() if c == local_cluster}, holes=LOCAL_HOLES - xh)
+                            {c: r for c, r in clusters.items() if c == local_cluster}, holes=LOCAL_HOLES - xh,
+                            stage_m=split_stage_m(m, k) if decode else 0)
             if lp is not None:
-                s, per, tpb, lc = lp
+                s, per, tpb, lc, ls = lp
             elif local:
                 raise ValueError("gemv_mma: no block-local split-K plan for this weight")
         elif local:
@@ -390,11 +417,21 @@ class Prepared:
             tpb = lc * per_block // s if 1 < s <= lc * per_block and groups > 0 else 0
             if tpb == 0 or -(-tiles // (groups * tpb)) * per_block > LOCAL_HOLES - xh:
                 raise ValueError(f"gemv_mma: no block-local split-K of {s} parts in clusters of {lc} here")
+            ls = int(bool(local_split))
+            if ls and (lc < 2 or tpb * s != lc * per_block or per_block % tpb):
+                raise ValueError(f"gemv_mma: no split-major block-local split-K of {s} parts in clusters of {lc}")
         if tpb == 0:
             s, per = splits or plan(m, n, k, sms * occ * per_block,
                                     allow_split=counters is not None and tiles <= _COUNTERS, rows=rows,
                                     split_cost=cost)
         per = max(1, min(int(per), -(-k // SLICE)))
+        # staged x holes: all of K (xh), or a split-major block's splits; none for splits past the end of K (only a
+        # forced plan has them: their slices lie past the staged rows)
+        xs = m * 2 * (per_block // tpb) * per if ls and m <= 2 and k % SLICE == 0 else xh
+        if ls and tpb and -(-tiles // (local_groups(sms * occ, lc, clusters) * tpb)) * per_block + xs > LOCAL_HOLES:
+            xs = 0
+        if not lib.xs or (s - 1) * per >= -(-k // SLICE) or os.environ.get("FASTNF4_GEMV_XS", "1") == "0":
+            xs = 0
         if s < 1 or (s > 1 and tpb == 0 and (counters is None or tiles > _COUNTERS)):
             raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
         items = -(-n // rows) * s
@@ -418,9 +455,7 @@ class Prepared:
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
             code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
-            # (splits past the end of K, which only a forced plan has, read x in registers: their slices lie past
-            # the staged rows)
-            local=tpb * s, lcluster=lc, xs=xh if lib.xs and (s - 1) * per < -(-k // SLICE) else 0,
+            local=tpb * s, lcluster=lc, xs=xs, lsplit=ls if tpb else 0,
         )
         self.local = tpb > 0
 
@@ -444,10 +479,12 @@ class Prepared:
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
-           kernel: int | None = None, local: bool | None = None, local_cluster: int | None = None) -> torch.Tensor:
+           kernel: int | None = None, local: bool | None = None, local_cluster: int | None = None,
+           local_split: bool = False) -> torch.Tensor:
     """``splits`` = (S, slices per split) / ``kernel`` / ``local`` / ``local_cluster`` force a plan (tests, probes):
     ``local`` True the block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where
     it cannot), False the global settle, None: ``local_plan`` decides; ``local_cluster`` = C its tiles shared by
-    clusters of C blocks (1: none; with ``splits`` and ``local``, or limiting ``local_plan`` to C)."""
+    clusters of C blocks (1: none; with ``splits`` and ``local``, or limiting ``local_plan`` to C); ``local_split``
+    (with ``splits``, ``local`` and C > 1) the cluster's warps split-major."""
     return Prepared(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
-                    bias, splits, kernel, local, local_cluster)(x2d, y)
+                    bias, splits, kernel, local, local_cluster, local_split)(x2d, y)
