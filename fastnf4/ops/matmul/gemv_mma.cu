@@ -644,7 +644,6 @@ struct Cursor {
 template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0, bool kXs = false>
 __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   static_assert(!kXs || CG == 1, "staged x covers M <= 2");
-  constexpr bool kXr = !kXs;  // x read from global memory into registers a slice ahead
   using C = pipe::Cfg<CG, kCfg>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
   using pipe::kPhase; using pipe::kTableBytes;
@@ -859,7 +858,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const uint32_t ring_end = ring_s + kStages * 1024;
   Cursor xc = cp;  // x runs one slice ahead of the compute cursor (registers; kXs: unused)
   uint4 xb[CG][4];
-  if constexpr (kXr) {
+  if constexpr (!kXs) {
     load_x(xc, xb);
     advance(xc);
   }
@@ -890,16 +889,15 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // ptxas does not work them out again from the thread index (it did, ~18 instructions per slice at 111 of 128
   // registers): H200, session 21, 0-0.8 us faster at M = 1 on 11 of 15 weights, none slower by more than 0.1 us. (The
   // register-x builds stay as they were: the 20-warp cluster one would spill.)
-  constexpr bool kPin = kXs;
   uint32_t pin_table = lane_base, pin_stats = static_cast<uint32_t>(__cvta_generic_to_shared(stats + g * kStatStride + c0));
   auto step = [&](const uint4 (&xreg)[CG][4], uint4 (&xnext)[CG][4], const uint4 (&wcur)[2], uint4 (&wnext)[2]) {
-    if constexpr (kPin) {
+    if constexpr (kXs) {
       asm volatile("mov.b32 %0, %0;" : "+r"(pin_table));
       asm volatile("mov.b32 %0, %0;" : "+r"(pin_stats));
     }
-    const uint32_t lane_tb = kPin ? pin_table : lane_base;
+    const uint32_t lane_tb = kXs ? pin_table : lane_base;
     uint4 xsm[CG][4];  // kXs: this slice's x from the holes
-    if constexpr (!kXr) {
+    if constexpr (kXs) {
       const uint32_t a = xs_base + static_cast<uint32_t>(cp.slice) * xs_inc;
 #pragma unroll
       for (int i = 0; i < 4; ++i) xsm[0][i] = xs_keep[i];  // (the lanes without x keep the zeros of the start)
@@ -910,7 +908,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 #pragma unroll
       for (int i = 0; i < 4; ++i) xs_keep[i] = xsm[0][i];
     }
-    const uint4 (*xcur)[4] = kXr ? xreg : xsm;  // [CG][4]
+    const uint4 (*xcur)[4] = kXs ? xsm : xreg;  // [CG][4]
 #ifdef FASTNF4_DIAG_STATS_ONCE
     if (rel == 0 && !diag_once) {
       diag_once = true;
@@ -938,7 +936,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       }
     }
     ++since;
-    if constexpr (kXr) {
+    if constexpr (!kXs) {
       load_x(xc, xnext);
       advance(xc);
     }
@@ -984,7 +982,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       }
     }
     float2 sA, sB;
-    if constexpr (kPin) {
+    if constexpr (kXs) {
       const uint32_t a = pin_stats + 16u * static_cast<uint32_t>(rel & (kPhase - 1));
       asm("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(sA.x), "=f"(sA.y) : "r"(a));
       asm("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(sB.x), "=f"(sB.y) : "r"(a + 4u * 8 * kStatStride));
