@@ -433,6 +433,35 @@ def test_m1_decode_kernel_pick_follows_the_h200_measurements():
             assert c20 < c16, (model, layer)
 
 
+def test_split_major_plans_fit_their_staged_x(monkeypatch):
+    """The split-major cluster plans (x too large to stage whole, each block staging its splits' part of K) are offered
+    only where x is not staged whole, with whole splits per block, and with the staged x and the partial-sum slots
+    together inside the table's 256 holes; on the H200 (132 SMs, clusters of two) Llama and Qwen down take one at M = 1
+    (Qwen down measured 30.2 -> 27.3 us, session 21). FASTNF4_GEMV_SPLIT_XS=0 turns them off."""
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma
+
+    taken = set()
+    for model, layer, n, k in model_shapes():
+        for m in (1, 2):
+            for warps in (16, 20):
+                s, per = gemv_mma.plan(m, n, k, 132 * warps, split_cost=gemv_mma.DECODE_SPLIT_COST)
+                stage = gemv_mma.split_stage_m(m, k)
+                lp = gemv_mma.local_plan(n, k, 132, warps, s, per, {2: 66},
+                                         holes=gemv_mma.LOCAL_HOLES - gemv_mma.x_holes(m, k), stage_m=stage)
+                if lp is None or not lp[4]:
+                    continue
+                S, p, tpb, c, _ = lp
+                assert gemv_mma.x_holes(m, k) == 0 and stage == m and k % 128 == 0
+                assert c == 2 and tpb * S == c * warps and warps % tpb == 0
+                rounds = -(-(-(-n // 16)) // (66 * tpb))
+                assert rounds * warps + m * 2 * (warps // tpb) * p <= gemv_mma.LOCAL_HOLES
+                taken.add((model, layer, m, warps))
+    assert ("llama-3.3-70b", "down", 1, 16) in taken and ("qwen3-32b", "down", 1, 20) in taken
+    monkeypatch.setenv("FASTNF4_GEMV_SPLIT_XS", "0")
+    assert gemv_mma.split_stage_m(1, 28672) == 0
+
+
 def test_pdl_decision_never_touches_a_gpu(monkeypatch):
     from fastnf4.ops.dequantize import kernel as dq_kernel
 
