@@ -273,10 +273,15 @@ ITEM_COST = 1
 STAGED_X_GAIN = 0.9
 
 
+def staging_on() -> bool:
+    """Whether the decode kernels may stage x (FASTNF4_GEMV_XS=0 turns it off: the A / B switch)."""
+    return os.environ.get("FASTNF4_GEMV_XS", "1") != "0"
+
+
 def split_stage_m(m: int, k: int) -> int:
     """M where x of M rows could be staged by split-major cluster blocks although not whole (else 0; 0 also with
     FASTNF4_GEMV_SPLIT_XS=0, the A / B switch)."""
-    return m if (m <= 2 and k % SLICE == 0 and x_holes(m, k) == 0 and os.environ.get("FASTNF4_GEMV_XS", "1") != "0"
+    return m if (m <= 2 and k % SLICE == 0 and x_holes(m, k) == 0 and staging_on()
                  and os.environ.get("FASTNF4_GEMV_SPLIT_XS", "1") != "0") else 0
 
 
@@ -285,8 +290,7 @@ def x_holes(m: int, k: int) -> int:
     stays in registers (too large, K % 128 != 0 (the staged build drops the K bound of the weight copies) or
     FASTNF4_GEMV_XS=0)."""
     h = m * 2 * (k // SLICE)
-    return (h if m <= 2 and k % SLICE == 0 and h <= X_HOLES_MAX and os.environ.get("FASTNF4_GEMV_XS", "1") != "0"
-            else 0)
+    return h if m <= 2 and k % SLICE == 0 and h <= X_HOLES_MAX and staging_on() else 0
 
 
 def local_groups(blocks: int, c: int, clusters: dict[int, int]) -> int:
@@ -430,7 +434,7 @@ class Prepared:
         xs = m * 2 * (per_block // tpb) * per if ls and m <= 2 and k % SLICE == 0 else xh
         if ls and tpb and -(-tiles // (local_groups(sms * occ, lc, clusters) * tpb)) * per_block + xs > LOCAL_HOLES:
             xs = 0
-        if not lib.xs or (s - 1) * per >= -(-k // SLICE) or os.environ.get("FASTNF4_GEMV_XS", "1") == "0":
+        if not lib.xs or (s - 1) * per >= -(-k // SLICE) or not staging_on():
             xs = 0
         if s < 1 or (s > 1 and tpb == 0 and (counters is None or tiles > _COUNTERS)):
             raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
