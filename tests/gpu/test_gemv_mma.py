@@ -256,6 +256,72 @@ def test_split_major_clusters_stage_their_part_of_x(n, k):
     assert tried >= 5  # (M = 1 fits on both shapes; M = 2 at K = 16384 does not)
 
 
+@pytest.mark.parametrize("n, k", [(17, 96), (1000, 4128), (3000, 5376), (40000, 1536), (5000, 16384)])
+@pytest.mark.parametrize("nested, dtype", [(True, torch.bfloat16), (False, torch.float16)])
+def test_stream_k_matches_the_arithmetic_model(n, k, nested, dtype):
+    """Stream-K plans of the decode kernels (a group of 1 or 2 blocks takes a run of whole tiles, its warps split the
+    run's slices evenly across tile boundaries, the pieces added in warp order after the group barrier): the arithmetic
+    model holds at M = 1 and 2, both decode kernels, both group sizes, bias or none, on runs shorter than a tile and
+    runs over up to three tiles (40000 rows), groups with fewer slices than warps (17 rows), x staged (K = 5376) and in
+    registers (K = 4128, 16384); the same launch again and a graph replay give the same bits. Fresh data, outputs
+    poisoned."""
+    torch.manual_seed(n + k)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=64, double_quant=nested)
+    for m in (1, 2):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m == 1 else None
+        ref = _model(q, x, bias)
+        tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
+        for kernel in (0, gemv_mma.DECODE_WIDE):
+            for c in (1, 2):
+                p = gemv_mma.Prepared(x, *linear_args(q, bias), kernel=kernel, stream=c)
+                assert p.stream and p.params.stream == 1 and p.params.lcluster == c and p.params.splits == 1
+                y = p(x, torch.full((m, n), float("nan"), device="cuda", dtype=dtype))
+                assert torch.isfinite(y).all() and ((y.double() - ref).abs() <= tol).all(), (m, kernel, c)
+                assert torch.equal(y, p(x, torch.full((m, n), float("nan"), device="cuda", dtype=dtype)))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = p(x)
+        yg.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, y)
+
+
+@pytest.mark.parametrize("kernel", [0, gemv_mma.DECODE_WIDE])
+def test_stream_k_one_tile_per_warp_gives_the_unsplit_bits(kernel):
+    """Where the runs are exactly one tile per warp (warps x groups tiles), stream-K gives the bits of the unsplit plan
+    (one work item per tile, no split-K): each tile is one piece, added to zero."""
+    torch.manual_seed(kernel)
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    lib = gemv_mma._lib_for(torch.cuda.current_device())
+    blocks = lib.sms * lib.occupancy[(0, kernel, 0)]
+    n = 16 * lib.warps[kernel] * blocks
+    q = fastnf4.quantize(torch.randn(n, 2048, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64)
+    p = gemv_mma.Prepared(x, *linear_args(q), kernel=kernel, stream=1)
+    assert p.grid == blocks
+    y = p(x, torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16))
+    y1 = gemv_mma.launch(x, *linear_args(q), y=torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16),
+                         splits=(1, 16), kernel=kernel)
+    assert torch.isfinite(y).all() and torch.equal(y, y1)
+
+
+def test_stream_k_refuses_what_it_cannot_do():
+    """Forcing stream-K where it does not apply is an error that names it: the GEMM kernel (M > 2), a group size
+    other than 1 or 2, runs whose pieces would not fit the partial-sum slots."""
+    q = fastnf4.quantize(torch.randn(4000, 1536, device="cuda", dtype=torch.bfloat16) * 0.05)
+    x4 = torch.randn(4, 1536, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="stream-K"):
+        gemv_mma.launch(x4, *linear_args(q), kernel=gemv_mma.variant(4), stream=1)
+    x = torch.randn(1, 1536, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="stream-K"):
+        gemv_mma.launch(x, *linear_args(q), kernel=0, stream=3)
+    big = fastnf4.quantize(torch.randn(524288, 256, device="cuda", dtype=torch.bfloat16) * 0.05)
+    xb = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="stream-K"):  # 32768 tiles of 2 slices: > 16 pieces per warp below 256 SMs
+        gemv_mma.launch(xb, *linear_args(big), kernel=0, stream=1)
+
+
 def test_block_local_split_k_refuses_what_it_cannot_do():
     """Forcing the block-local split-K where it does not apply is an error that names it, not a wrong result: the
     GEMM kernel (M > 2), more parts than the block has warps, more rounds than its partial-sum slots."""
