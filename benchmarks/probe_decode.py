@@ -3,8 +3,7 @@ build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE
 the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / model / big / small. S = 0: the default
 plan (with the block-local split-K where gemv_mma.local_plan takes it), g: the default plan with the global settle,
 w: the 20-warp decode kernel's default plan (block-local where it takes it), n: the same for the 16-warp (variant 0)
-kernel, k1 / k2: the stream-K plan over groups of 1 / 2 blocks (kernel by the M = 1 pick), u: the default plan
-with stream-K off (FASTNF4_GEMV_STREAM=0), else S splits (global settle).
+kernel, else S splits (global settle).
 FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
 block-local split-K it may lack: use g). FASTNF4_PROBE_EMPTY=1 first times a one-element fill (a launch alone).
 usage: python benchmarks/probe_decode.py [S|g|w|n ...]"""
@@ -23,7 +22,7 @@ if os.environ.get("FASTNF4_PROBE_SRC"):
     gemv_mma.SOURCE = os.environ["FASTNF4_PROBE_SRC"]  # before the first load (gemv_mma._lib_for is cached)
     gemv_mma.LOCAL_CLUSTERS = ()  # (an older build has no cluster form of the block-local split-K)
 bw = copy_bandwidth(2**30)["GBps"]
-splits = [a if a in ("g", "w", "n", "k1", "k2", "u") else int(a) for a in sys.argv[1:]] or [0]
+splits = [a if a in ("g", "w", "n") else int(a) for a in sys.argv[1:]] or [0]
 LARGE = [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]
 # Llama q+o, Qwen q / o, Gemma qkv / q, Qwen gate+up (21-68 MB packed)
 MID = [(8192, 8192), (8192, 5120), (5120, 8192), (8192, 5376), (4096, 5376), (25600, 5120)]
@@ -35,9 +34,7 @@ SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID, "gateup": GATE_UP, "ever
         "model": LARGE + MID + GATE_UP + GEMMA_BIG,  # every model weight of >= 11 MB the decode kernels take
         "big": [(5120, 25600), (25600, 5120), (28672, 8192), (21504, 5376)] + GEMMA_BIG,
         # the split small-weight kernel's weights at M = 1 (Gemma q / o, the k/v projections)
-        "small": [(4096, 5376), (5376, 4096), (1024, 8192), (1024, 5120), (2048, 5376)],
-        # stream-K against the uniform plans (session 22): probe_balance.py shapes and model weights
-        "streamk": [(17952, 5120), (20064, 5120), (23232, 5120), (57344, 8192), (25600, 5120), (43008, 5376)]}
+        "small": [(4096, 5376), (5376, 4096), (1024, 8192), (1024, 5120), (2048, 5376)]}
 if os.environ.get("FASTNF4_PROBE_EMPTY"):  # the graph time of a one-element fill: a kernel launch alone
     tiny = torch.zeros(1, device="cuda")
     print(f"one-element fill {time_graph([lambda: tiny.fill_(1.0)])['median_us']:6.2f} us", flush=True)
@@ -53,21 +50,11 @@ for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     slices = -(-k // 128)
     line = f"{n:5d}x{k:5d} floor {floor:5.1f} M {m}:"
     for s in splits:
-        sp = None if s in (0, "g", "w", "n", "k1", "k2", "u") else (s, -(-slices // s))
+        sp = None if s in (0, "g", "w", "n") else (s, -(-slices // s))
         local = False if s == "g" else None
         kernel = gemv_mma.DECODE_WIDE if s == "w" else 0 if s == "n" else None
-        stream = int(s[1]) if s in ("k1", "k2") else None
-        if stream:  # the kernel the M = 1 pick takes with stream-K on
-            kernel = gemv_mma.Prepared(x, *linear_args(qs[0])).v
-        saved = os.environ.get("FASTNF4_GEMV_STREAM")
-        if s == "u":
-            os.environ["FASTNF4_GEMV_STREAM"] = "0"
-        t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp, local=local, kernel=kernel,
-                                                    stream=stream) for i in range(reps)])
-        if s == "u" and saved is None:
-            del os.environ["FASTNF4_GEMV_STREAM"]
-        elif s == "u":
-            os.environ["FASTNF4_GEMV_STREAM"] = saved
+        t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp, local=local, kernel=kernel)
+                        for i in range(reps)])
         line += f" s{s} {t['median_us']:6.1f} ({100 * floor / t['median_us']:3.0f}%)"
     print(line, flush=True)
     del qs, q

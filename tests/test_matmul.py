@@ -413,15 +413,12 @@ def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
     assert not gemv_mma.wide_for_split(2, 4096, 5376, 132, 20)  # M = 1 only
 
 
-def test_m1_decode_kernel_pick_follows_the_h200_measurements(monkeypatch):
+def test_m1_decode_kernel_pick_follows_the_h200_measurements():
     """At M = 1 ``decode_cost`` picks between the 16- and 20-warp decode kernels (132 SMs, one block each, clusters of
     two): the faster one measured on the H200 in session 21 (probe_decode.py n w, staged x) on every model weight it
-    applies to, but Qwen q (measured 20 warps 11.8 vs 12.2 us) and Llama down (equal within 0.1 us). (Those were the
-    uniform split-K plans: stream-K off.)"""
+    applies to, but Qwen q (measured 20 warps 11.8 vs 12.2 us) and Llama down (equal within 0.1 us)."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma
-
-    monkeypatch.setenv("FASTNF4_GEMV_STREAM", "0")
 
     faster16 = {("llama-3.3-70b", "q+o"), ("llama-3.3-70b", "gate_up"), ("gemma-3-27b", "q"),
                 ("gemma-3-27b", "qkv"), ("gemma-3-27b", "gate+up"), ("gemma-3-27b", "down")}
@@ -434,70 +431,6 @@ def test_m1_decode_kernel_pick_follows_the_h200_measurements(monkeypatch):
             assert c16 <= c20, (model, layer)
         elif (model, layer) in faster20:
             assert c20 < c16, (model, layer)
-
-
-def _stream_runs(tiles, slices, groups, cw):
-    """The stream-K assignment of gemv_mma.cu (kLocal 3), as plain Python: per group, per warp, its pieces as
-    (tile, first slice, end slice)."""
-    runs = []
-    for gid in range(groups):
-        t0, t1 = tiles * gid // groups, tiles * (gid + 1) // groups
-        tot = (t1 - t0) * slices
-        for w in range(cw):
-            a, b = tot * w // cw, tot * (w + 1) // cw
-            pieces = []
-            while a < b:
-                t, s0 = a // slices, a % slices
-                e = min(slices, b - t * slices)
-                pieces.append((t0 + t, s0, e))
-                a = t * slices + e
-            runs.append((gid, w, t0, tot, pieces))
-    return runs
-
-
-@pytest.mark.parametrize("n, k, warps, c", [(25600, 5120, 20, 2), (21504, 5376, 16, 2), (40000, 1536, 16, 1),
-                                            (17, 96, 16, 2), (5376, 21504, 20, 1), (1000, 4128, 20, 2)])
-def test_stream_k_runs_cover_every_slice_once_and_fit_their_slots(n, k, warps, c):
-    """The stream-K plan's runs (gemv_mma.cu kLocal 3): every (tile, slice) of the weight in exactly one warp's run,
-    the busiest warp within one slice of the mean, at most the launcher's bound of pieces per warp (the partial-sum
-    slots below staged x, as ``stream_plan`` and the launcher count them), and the final sum's formula for the
-    warps that hold a tile's first and last slices naming exactly the warps whose pieces cover the tile."""
-    from fastnf4.ops.matmul import gemv_mma
-
-    sp = gemv_mma.stream_plan(1, n, k, 132, warps, {2: 66}, only=c)
-    assert sp is not None and sp[1] == c
-    tiles, slices, groups, cw = -(-n // 16), -(-k // 128), sp[2], c * warps
-    covered = {}
-    q = -(-(-(-tiles // groups) * slices) // cw)
-    bound = (q + slices - 2) // slices + 1
-    assert bound * warps <= gemv_mma.LOCAL_HOLES - gemv_mma.x_holes(1, k)
-    for gid, w, t0, tot, pieces in _stream_runs(tiles, slices, groups, cw):
-        assert len(pieces) <= bound and sum(e - s0 for _, s0, e in pieces) <= -(-tot // cw)
-        for j, (t, s0, e) in enumerate(pieces):
-            for s in range(s0, e):
-                assert (t, s) not in covered
-                covered[(t, s)] = (gid, w, j)
-    assert len(covered) == tiles * slices
-    for (t, s), (gid, w, j) in covered.items():  # the kernel's final sum finds (w, j) from t alone
-        t0 = tiles * gid // groups
-        tot = (tiles * (gid + 1) // groups - t0) * slices
-        lt = t - t0
-        cwa, cwb = ((lt * slices + 1) * cw - 1) // tot, ((lt * slices + slices) * cw - 1) // tot
-        assert cwa <= w <= cwb and j == lt - (tot * w // cw) // slices
-
-
-def test_stream_k_plans_beat_the_uniform_plans_where_they_quantize(monkeypatch):
-    """On the H200's 132 SMs the stream-K plan is taken where the uniform split-K plans lose slices to their rounds
-    (Qwen gate+up, 20 warps: 3 splits of 14 slices in 2 rounds of 13 tiles per cluster cost 2 x (14 + 1) = 30 per
-    warp; stream-K's runs of 25 tiles x 40 slices over 40 warps, 25 slices + 2 tiles touched, 27); FASTNF4_GEMV_STREAM=0
-    turns it off."""
-    from fastnf4.ops.matmul import gemv_mma
-
-    cost, sp = gemv_mma._split_plan(1, 25600, 5120, 132, 20, {2: 66})
-    assert sp == (27, 2, 66) and cost == 27
-    monkeypatch.setenv("FASTNF4_GEMV_STREAM", "0")
-    assert gemv_mma._split_plan(1, 25600, 5120, 132, 20, {2: 66}) == (30, None)
-    assert gemv_mma.stream_plan(3, 25600, 5120, 132, 20, {2: 66}) is None  # M > 2: the GEMM kernel's
 
 
 def test_split_major_plans_fit_their_staged_x(monkeypatch):

@@ -27,9 +27,7 @@
 // (Params::local, Params::lcluster): the first U = (tiles per round) x S warps of the block / cluster take the
 // items, the float32 partial sums stay in shared memory, and after one block / cluster barrier the blocks add them
 // in the same split order (the same bits; a cluster's blocks read each other's over distributed shared memory): no
-// fence, atomics or global partials. Or stream-K (Params::stream): each group of lcluster blocks takes a run of whole
-// tiles and its warps split the run's slices evenly, whatever the tile boundaries; the pieces' partial sums stay in
-// shared memory as with the block-local split-K.
+// fence, atomics or global partials.
 //
 // Requirements checked by the caller: K % 32 == 0, K < 2^31, x and y contiguous with 16-byte aligned rows,
 // packed 16-byte aligned, blocksize >= 32, nested statistics in blocks of 256 (bitsandbytes' only value).
@@ -65,7 +63,6 @@ struct Params {
   long long lcluster;          // with local: blocks per thread block cluster sharing the tiles (1: none)
   long long xs;                // decode kernel: > 0 = x staged in the table's top xs holes (see gemv_mma_pipe), else 0
   long long lsplit;            // with local and lcluster > 1: 1 = the cluster's warps split-major (see gemv_mma_pipe)
-  long long stream;            // decode kernel: 1 = stream-K split over groups of lcluster blocks (see gemv_mma_pipe)
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -632,12 +629,7 @@ struct Cursor {
 };
 
 // kLocal: 1 = the block-local split-K build (Params::local > 0), 2 = the same over thread block clusters
-// (Params::lcluster > 1), 3 = stream-K (Params::stream: group gid of lc = Params::lcluster blocks takes tiles [T gid / G,
-// T (gid + 1) / G) of the T tiles (G groups); its lc x kWarps warps, cw = rank x kWarps + warp, split the run's tot =
-// tiles x slices (tile-major) evenly: warp cw takes [tot cw / CW, tot (cw + 1) / CW), one work item per tile it
-// touches, item j of a warp in hole j x kWarps + warp; after the group barrier each tile's pieces are added in warp
-// order: the plan balances the warps' slices to within one, where the uniform split-K plans quantize by rounds);
-// separate instantiations, so that each build's SASS is the one measured for it (the global
+// (Params::lcluster > 1); separate instantiations, so that each build's SASS is the one measured for it (the global
 // settle's is the one before them; the cluster code cost the single-block build 8 registers and ~3% on mid weights).
 // kXs: x staged once per block in the table's top Params::xs holes (hole h: the upper 128 bytes of table entry h) instead
 // of loaded from global memory into registers one slice ahead: x row m fills holes h0 + m * hrow ... (h0 = kHoles - xs,
@@ -649,15 +641,6 @@ struct Cursor {
 // session 21): 4-14% faster on every staged weight (Llama gate_up 89.9 -> 78.6 us, q+o 17.9 -> 16.3); unpredicated
 // loads (the other lanes reading a zero hole) and a block barrier after the first weight slice instead of after x
 // alone were each slower than the register path.
-#ifndef FASTNF4_STREAM_ALIGN  // experiment: stream-K run boundaries rounded down to multiples of this many slices
-#define FASTNF4_STREAM_ALIGN 1
-#endif
-constexpr uint32_t kStreamAlign = FASTNF4_STREAM_ALIGN;
-// where stream-K run cw of CW begins in a group's tot slices (run CW: the end)
-__device__ __forceinline__ uint32_t stream_at(uint32_t tot, uint32_t cw, uint32_t CW) {
-  return cw >= CW ? tot : tot * cw / CW / kStreamAlign * kStreamAlign;
-}
-
 template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0, bool kXs = false>
 __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   static_assert(!kXs || CG == 1, "staged x covers M <= 2");
@@ -775,8 +758,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // statistics copied a phase ahead (4-byte cp.async: nested 8-bit codes need a 4-byte aligned array)
   const bool async_stats = pair_shares_block && (!kNested || (reinterpret_cast<uintptr_t>(p.absmax) & 3) == 0);
   const long long nblocks = (N * K + p.blocksize - 1) >> log2_bs;
-  // stream-K (kLocal 3): the end of this warp's run as tile x slices + slice (see the kernel's comment)
-  long long lend = 0;
 
   auto begin = [&](Cursor& c, long long tile, int split) {
     c.tile = tile;
@@ -788,19 +769,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     if (c.slice >= c.s_end) c.s_end = c.slice + 1;
   };
   auto advance = [&](Cursor& c) {
-    if constexpr (kLocal == 3) {  // the next tile of the run, from its first slice (past the run: the end mark)
-      if (++c.slice == c.s_end) {
-        ++c.tile;
-        c.slice = 0;
-        const long long rem = lend - c.tile * slices;
-        if (rem <= 0) {
-          c.tile = tiles;
-        } else {
-          c.s_end = rem < slices ? static_cast<int>(rem) : slices;
-        }
-      }
-      return;
-    }
     if (++c.slice == c.s_end) {
       int split = c.split + wmod;
       long long tile = c.tile + wdiv;
@@ -867,27 +835,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     cp_async_commit();
   };
   Cursor cp;
-  if constexpr (kLocal == 3) {
-    const uint32_t lc = static_cast<uint32_t>(p.lcluster), G = gridDim.x / lc, gid = blockIdx.x / lc;
-    const uint32_t CW = lc * C::kWarps, cw = blockIdx.x % lc * C::kWarps + warp;
-    const uint32_t t0 = static_cast<uint32_t>(tiles * gid / G), t1 = static_cast<uint32_t>(tiles * (gid + 1) / G);
-    const uint32_t tot = (t1 - t0) * static_cast<uint32_t>(slices);
-    const uint32_t a = stream_at(tot, cw, CW), b = stream_at(tot, cw + 1, CW);
-    cp.split = 0;
-    if (a < b) {
-      cp.tile = t0 + a / slices;
-      cp.slice = static_cast<int>(a % slices);
-      lend = static_cast<long long>(t0) * slices + b;
-      const long long rem = lend - cp.tile * slices;
-      cp.s_end = rem < slices ? static_cast<int>(rem) : slices;
-    } else {  // an empty run (fewer slices than warps)
-      cp.tile = tiles;
-      cp.slice = 0;
-      cp.s_end = 1;
-    }
-  } else {
-    begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
-  }
+  begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
   ld_rows();
   bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
@@ -1092,45 +1040,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     step(xb2, xb, w2, w1);
   }
   cp_async_wait<0>();
-  if constexpr (kLocal == 3) {
-    // stream-K: every piece of each of the group's tiles, added in warp order (+ bias) and stored; the group's blocks
-    // take every lc-th entry (16 rows x M per tile)
-    const uint32_t lc = static_cast<uint32_t>(p.lcluster);
-    if (lc > 1) {
-      cluster_barrier();
-    } else {
-      __syncthreads();
-    }
-    const uint32_t G = gridDim.x / lc, gid = blockIdx.x / lc, crank = blockIdx.x % lc, CW = lc * C::kWarps;
-    const uint32_t t0 = static_cast<uint32_t>(tiles * gid / G), t1 = static_cast<uint32_t>(tiles * (gid + 1) / G);
-    const uint32_t L = static_cast<uint32_t>(slices), tot = (t1 - t0) * L, per_tile = 16u * static_cast<uint32_t>(p.M);
-    for (uint32_t e = crank * C::kThreads + threadIdx.x; e < (t1 - t0) * per_tile; e += lc * C::kThreads) {
-      const uint32_t lt = e / per_tile, mr = e - lt * per_tile, m = mr >> 4, r = mr & 15;
-      const long long row = static_cast<long long>(t0 + lt) * 16 + r;
-      if (row >= N) continue;
-      // the warps whose runs hold the tile's first and last slices, and every one between
-      const uint32_t s0 = lt * L, cwa = ((s0 + 1) * CW - 1) / tot;
-      const uint32_t cwb = min(CW - 1, ((s0 + L + kStreamAlign - 1) * CW - 1) / tot);
-      float v = 0.f;
-      for (uint32_t cw = cwa; cw <= cwb; ++cw) {
-        const uint32_t a = stream_at(tot, cw, CW), b = stream_at(tot, cw + 1, CW);
-        if (a == b || (kStreamAlign > 1 && (b <= s0 || a >= s0 + L))) continue;  // an empty run / not this tile
-        const uint32_t hole = (lt - a / L) * C::kWarps + cw % C::kWarps;
-        const uint32_t addr = holes_s + 256u * hole + 4u * (16 * m + r);
-        if (lc > 1) {
-          v += ld_cluster_f32(addr, static_cast<int>(cw / C::kWarps));
-        } else {
-          float q;
-          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(q) : "r"(addr) : "memory");
-          v += q;
-        }
-      }
-      if (p.bias) v += Pair<T>::load(p.bias, row);
-      Pair<T>::store(p.y, static_cast<long long>(m) * N + row, v);
-    }
-    if (lc > 1) cluster_barrier();  // every block's pieces stay readable until all have read them
-    return;
-  } else if constexpr (kLocal != 0) {
+  if constexpr (kLocal != 0) {
     // block-local split-K: the S partials of each of this block's (cluster's) tiles (round i, local tile lt: tile
     // (c + i clusters) U / S + lt; split s on cluster warp lt S + s, in hole i kWarps + (its warp) of its block)
     // added in split order, as sum_tile does, (+ bias) and stored; a cluster's blocks take every lc-th entry
@@ -1696,12 +1606,10 @@ void* pick(int variant) {
   }
   return nullptr;
 }
-// the decode kernels' builds by split-K settle (local: 0 global, 1 block-local, 2 over clusters, 3 stream-K) and x
-// path (kXs)
+// the decode kernels' builds by split-K settle (local: 0 global, 1 block-local, 2 over clusters) and x path (kXs)
 template <typename T, bool kNested, int kCfg, bool kXs>
 void* pick_decode(int local) {
-  return local == 3 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 3, kXs>
-         : local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, kXs>
+  return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, kXs>
          : local == 1 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 1, kXs>
                       : (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, kXs>;
 }
@@ -1717,8 +1625,7 @@ void* pick_local(int variant, int local, bool xs) {
   return nullptr;
 }
 
-// local: 0 the global settle's build, 1 the block-local one, 2 the cluster one, 3 stream-K; xs: staged x (decode
-// kernels only)
+// local: 0 the global settle's build, 1 the block-local one, 2 the cluster one; xs: staged x (decode kernels only)
 void* kernel_for(int dtype, int variant, int nested, int local = 0, bool xs = false) {
   if (local || xs) {
     if (dtype == 0)
@@ -1767,13 +1674,12 @@ using fastnf4_mma::Params;
 extern "C" {
 
 // Resident blocks per SM for a kernel variant (0 when it does not exist or does not fit on this GPU); for the
-// decode kernels the lowest of the global-settle, block-local, cluster and stream-K builds (all get their attributes
-// set here).
+// decode kernels the lowest of the global-settle, block-local and cluster builds (all get their attributes set here).
 int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   int least = -1;
-  for (int build = 0; build < 8; ++build) {
-    const int local = build % 4;
-    const bool xs = build >= 4;
+  for (int build = 0; build < 6; ++build) {
+    const int local = build % 3;
+    const bool xs = build >= 3;
     void* f = fastnf4_mma::kernel_for(dtype, variant, nested, local, xs);
     if (f == nullptr) {
       if (build) break;
@@ -1799,13 +1705,12 @@ int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   return least;
 }
 
-// Clusters of `size` blocks of the decode kernels' block-local and stream-K builds that can be resident at once (0:
-// none / error; after fastnf4_gemv_mma_occupancy set the kernel's attributes).
+// Clusters of `size` blocks of the decode kernels' block-local build that can be resident at once (0: none / error;
+// after fastnf4_gemv_mma_occupancy set the kernel's attributes).
 int fastnf4_gemv_mma_clusters(int dtype, int variant, int nested, int size) {
   int least = -1;
-  for (int build = 0; build < 4; ++build) {  // the least of the two x paths' builds of both
-    const bool xs = build & 1;
-    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, build < 2 ? 2 : 3, xs);
+  for (int xs = 0; xs < 2; ++xs) {  // the least of the two x paths' builds
+    void* f = fastnf4_mma::kernel_for(dtype, variant, nested, 2, xs != 0);
     if (f == nullptr || size < 1 || size > 8) return 0;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)size);
@@ -1842,22 +1747,7 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
-  const bool streamk = p->stream != 0;
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested,
-                                    streamk ? 3 : p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1, p->xs > 0);
-  // stream-K: groups of 1 or 2 blocks, one split, 32-bit run arithmetic (tot x CW < 2^31) and every warp's pieces in
-  // the holes below staged x (at most (Q - 2) / L + 2 per warp for runs of at most Q slices of tiles of L)
-  if (streamk) {
-    const long long lc = p->lcluster, L = (p->K + fastnf4_mma::kSlice - 1) / fastnf4_mma::kSlice;
-    const long long tiles = (p->N + 15) / 16, groups = lc > 0 ? grid / lc : 0;
-    const long long kwarps = fastnf4_mma::threads_for(variant) / 32;
-    if ((variant != 0 && variant != 5) || p->M > 2 || (lc != 1 && lc != 2) || groups < 1 || grid % lc != 0 ||
-        p->local != 0 || p->lsplit != 0 || p->splits != 1)
-      return (int)cudaErrorInvalidValue;
-    const long long tot = (tiles + groups - 1) / groups * L, cw = lc * kwarps, q = (tot + cw - 1) / cw;
-    if (tot * cw >= (1LL << 31) || ((q + L - 2) / L + 1) * kwarps + p->xs > fastnf4_mma::pipe::kHoles)
-      return (int)cudaErrorInvalidValue;
-  }
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1, p->xs > 0);
   // split-major clusters: every block holds whole splits (tpb tiles x S parts = lcluster x warps)
   const long long kw = fastnf4_mma::threads_for(variant) / 32;
   const bool lsplit = p->lsplit != 0;
@@ -1885,7 +1775,7 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if ((p->local > 0 || streamk) && p->lcluster > 1) {  // the block-local split-K / stream-K over clusters
+  if (p->local > 0 && p->lcluster > 1) {  // the block-local split-K over clusters of lcluster blocks
     if (grid % p->lcluster != 0 || p->lcluster > 8) return (int)cudaErrorInvalidValue;
     fastnf4_mma::cluster_attr(attr[n++], static_cast<int>(p->lcluster));
   }

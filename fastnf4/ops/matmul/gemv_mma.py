@@ -29,7 +29,7 @@ class Params(ctypes.Structure):
         ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
         ("local", ctypes.c_longlong), ("lcluster", ctypes.c_longlong), ("xs", ctypes.c_longlong),
-        ("lsplit", ctypes.c_longlong), ("stream", ctypes.c_longlong),
+        ("lsplit", ctypes.c_longlong),
     ]
 
 
@@ -198,63 +198,16 @@ GLOBAL_SETTLE_COST = 1.17
 def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int] | None = None) -> float:
     """The model cost of the decode kernel of ``block_warps`` warps on ``blocks`` resident blocks for this weight (its
     default plan, block-local where ``local_plan`` takes it): see GLOBAL_SETTLE_COST."""
-    return _split_plan(m, n, k, blocks, block_warps, clusters or {})[0] * block_warps
-
-
-def _split_plan(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int]):
-    """(cost per warp, stream-K plan or None) of the decode kernel's default plan: stream-K (``stream_plan``) where it
-    costs less than the uniform split-K plan (``plan``, block-local where ``local_plan`` takes it)."""
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
     tiles = -(-n // 16)
     lp = local_plan(n, k, blocks, block_warps, s, per, clusters, holes=LOCAL_HOLES - x_holes(m, k),
                     stage_m=split_stage_m(m, k))
     if lp is not None:
         _, p, tpb, c, ls = lp
-        rounds = -(-tiles // (local_groups(blocks, c, clusters) * tpb))
-        cost = rounds * (p + ITEM_COST) * (STAGED_X_GAIN if ls else 1.0)
-    else:
-        rounds = -(-tiles * s // (blocks * block_warps))
-        cost = rounds * (per + ITEM_COST) * (GLOBAL_SETTLE_COST if s > 1 else 1.0)
-    sp = stream_plan(m, n, k, blocks, block_warps, clusters) if stream_on() else None
-    return (sp[0], sp) if sp is not None and sp[0] < cost else (cost, None)
-
-
-# Stream-K plans of the decode kernel (gemv_mma.cu kLocal = 3, Params.stream): a group of 1 or 2 blocks (a cluster)
-# takes a run of whole tiles and its warps split the run's slices evenly across tile boundaries, so the busiest warp
-# has at most one slice more than the average, where the uniform plans quantize by rounds (H200, session 22,
-# probe_balance.py: the decode time follows rounds x slices per split, not the bytes: flat from 17952 to 21120 rows
-# at K = 5120). Cost per warp: its slices + ITEM_COST per tile it touches.
-def stream_on() -> bool:
-    """Whether the decode kernels may take stream-K plans (FASTNF4_GEMV_STREAM=0 turns them off: the A / B switch)."""
-    return os.environ.get("FASTNF4_GEMV_STREAM", "1") != "0"
-
-
-def stream_plan(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int],
-                only: int | None = None) -> tuple[float, int, int] | None:
-    """(cost per warp, blocks per group, groups) of the cheapest stream-K plan on ``blocks`` resident blocks of
-    ``block_warps`` warps (groups of one block, or of C blocks where ``clusters[C]`` of them are resident), or None
-    where none fits (M <= 2; every warp's pieces in the holes below staged x; 32-bit run arithmetic). ``only``: that
-    group size alone."""
-    if m > 2:
-        return None
-    tiles, slices = -(-n // 16), -(-k // SLICE)
-    holes = LOCAL_HOLES - x_holes(m, k)
-    best = None
-    for c in (1, *LOCAL_CLUSTERS):
-        if only is not None and c != only:
-            continue
-        groups = min(local_groups(blocks, c, clusters), tiles)
-        if groups < 1:
-            continue
-        tot, cw = -(-tiles // groups) * slices, c * block_warps
-        q = -(-tot // cw)
-        pieces = (q + slices - 2) // slices + 1
-        if tot * cw >= 2**31 or pieces * block_warps > holes:
-            continue
-        cost = q + ITEM_COST * pieces
-        if best is None or cost < best[0]:
-            best = (cost, c, groups)
-    return best
+        rounds = -(-tiles // (local_groups(blocks, c, clusters or {}) * tpb))
+        return rounds * (p + ITEM_COST) * block_warps * (STAGED_X_GAIN if ls else 1.0)
+    rounds = -(-tiles * s // (blocks * block_warps))
+    return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0)
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
@@ -400,12 +353,11 @@ class Prepared:
     of ~25 us for working it all out again; ``ops/matmul/eager.py`` keeps these per weight)."""
 
     __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device", "pdl",
-                 "local", "stream")
+                 "local")
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
                  nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None,
-                 local: bool | None = None, local_cluster: int | None = None, local_split: bool = False,
-                 stream: int | None = None):
+                 local: bool | None = None, local_cluster: int | None = None, local_split: bool = False):
         index = _index(x2d.device)
         lib = _lib_for(index)
         m = x2d.shape[0]
@@ -451,14 +403,7 @@ class Prepared:
         lc = 1   # blocks per cluster sharing them
         ls = 0   # 1: split-major clusters (each block holds whole splits and stages only their part of x)
         clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS} if decode else {}
-        sp = None  # stream-K plan (cost, blocks per group, groups): forced (``stream``) or the cheapest plan
-        if stream is not None:
-            sp = stream_plan(m, n, k, sms * occ, per_block, clusters, only=stream) if decode and splits is None else None
-            if sp is None:
-                raise ValueError(f"gemv_mma: no stream-K plan over groups of {stream} blocks for this call")
-        elif decode and local is None and local_cluster is None and splits is None:
-            sp = _split_plan(m, n, k, sms * occ, per_block, clusters)[1]
-        if sp is None and decode and local is not False and splits is None:
+        if decode and local is not False and splits is None:
             s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
             lp = local_plan(n, k, sms * occ, per_block, s, per, clusters if local_cluster is None else
                             {c: r for c, r in clusters.items() if c == local_cluster}, holes=LOCAL_HOLES - xh,
@@ -467,7 +412,7 @@ class Prepared:
                 s, per, tpb, lc, ls = lp
             elif local:
                 raise ValueError("gemv_mma: no block-local split-K plan for this weight")
-        elif sp is None and local:
+        elif local:
             if not decode or splits is None:
                 raise ValueError("gemv_mma: the block-local split-K is the decode kernel's (M <= 2)")
             s, per = splits
@@ -479,9 +424,7 @@ class Prepared:
             ls = int(bool(local_split))
             if ls and (lc < 2 or tpb * s != lc * per_block or per_block % tpb):
                 raise ValueError(f"gemv_mma: no split-major block-local split-K of {s} parts in clusters of {lc}")
-        if sp is not None:
-            s, per = 1, -(-k // SLICE)
-        elif tpb == 0:
+        if tpb == 0:
             s, per = splits or plan(m, n, k, sms * occ * per_block,
                                     allow_split=counters is not None and tiles <= _COUNTERS, rows=rows,
                                     split_cost=cost)
@@ -503,10 +446,7 @@ class Prepared:
         self.pdl = int(os.environ.get("FASTNF4_PDL_MMA", "0") == "1" and _triton.pdl(x2d.device, triton_kernel=False))
         # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to
         # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
-        if sp is not None:  # stream-K: its groups of blocks
-            lc = sp[1]
-            self.grid = sp[1] * sp[2]
-        elif tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
+        if tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
             self.grid = min(local_groups(sms * occ, lc, clusters), -(-tiles // tpb)) * lc
         else:
             self.grid = -(-items // per_block) if v == SPLIT else min(sms * occ, -(-items // per_block))
@@ -519,10 +459,9 @@ class Prepared:
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
             code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
-            local=tpb * s, lcluster=lc, xs=xs, lsplit=ls if tpb else 0, stream=int(sp is not None),
+            local=tpb * s, lcluster=lc, xs=xs, lsplit=ls if tpb else 0,
         )
-        self.local = tpb > 0 or sp is not None
-        self.stream = sp is not None
+        self.local = tpb > 0
 
     def __call__(self, x2d: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight; no checks here."""
@@ -545,12 +484,11 @@ class Prepared:
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
            kernel: int | None = None, local: bool | None = None, local_cluster: int | None = None,
-           local_split: bool = False, stream: int | None = None) -> torch.Tensor:
+           local_split: bool = False) -> torch.Tensor:
     """``splits`` = (S, slices per split) / ``kernel`` / ``local`` / ``local_cluster`` force a plan (tests, probes):
     ``local`` True the block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where
     it cannot), False the global settle, None: ``local_plan`` decides; ``local_cluster`` = C its tiles shared by
     clusters of C blocks (1: none; with ``splits`` and ``local``, or limiting ``local_plan`` to C); ``local_split``
-    (with ``splits``, ``local`` and C > 1) the cluster's warps split-major; ``stream`` = C the stream-K plan over groups
-    of C blocks (1 or 2; ValueError where none fits), ``local`` False: never stream-K."""
+    (with ``splits``, ``local`` and C > 1) the cluster's warps split-major."""
     return Prepared(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
-                    bias, splits, kernel, local, local_cluster, local_split, stream)(x2d, y)
+                    bias, splits, kernel, local, local_cluster, local_split)(x2d, y)
