@@ -526,6 +526,7 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
 // - x is prefetched one slice ahead in registers (two steps per loop trip alternate the buffers); 32-bit
 //   offsets inside a work item; split-K partial sums are settled when the warp has no work left.
 // Timing-only build switches (wrong results): FASTNF4_DIAG_STATS_ONCE stages statistics once per warp,
+// FASTNF4_DIAG_NO_STATS_FETCH decodes every phase but copies no statistics after the first phase,
 // FASTNF4_DIAG_NO_SETTLE skips the split-K settlement, FASTNF4_DIAG_NO_LOOKUP feeds the packed words to the mma
 // instead of the table lookups, FASTNF4_DIAG_NO_MMA replaces the mma by an add, FASTNF4_DIAG_NO_TABLE skips the
 // table build, FASTNF4_DIAG_EXIT = 0 / 1 returns at the start / after the table build; they measure what those
@@ -931,7 +932,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
           advance(n);
         }
         fetched = n.tile < tiles;
+#if !defined(FASTNF4_DIAG_NO_STATS_FETCH)  // timing experiment only (wrong results): each phase decodes stale raw bytes
         if (fetched) fetch_stats<kNested>(p, raw_s, n.tile, n.slice, lane, log2_bs, nblocks);
+#endif
         since = 0;
       }
     }
