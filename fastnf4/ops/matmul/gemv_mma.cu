@@ -414,7 +414,7 @@ __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* 
 
 template <bool kNested>
 __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, long long tile, int slice, int lane,
-                                            int log2_bs, long long nblocks) {
+                                            int log2_bs, long long nblocks, float2* na_ldg = nullptr) {
   const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
   if constexpr (kNested) {
     const uint8_t* am = reinterpret_cast<const uint8_t*>(p.absmax);
@@ -429,8 +429,12 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
     }
     const float* na = p.nested_absmax + (a.bf >> 8);
     const int sz = a.pairs ? 4 : 0;
-    cp_async4(raw_s + 128 * 3, sz ? na : p.nested_absmax, sz);
-    cp_async4(raw_s + 128 * 4, sz ? na + (((a.bf & 255) + span) >> 8) : p.nested_absmax, sz);
+    if (na_ldg != nullptr) {  // (experiment) the two nested absmax by cached loads into registers, used a phase later
+      *na_ldg = sz ? make_float2(__ldg(na), __ldg(na + (((a.bf & 255) + span) >> 8))) : make_float2(0.f, 0.f);
+    } else {
+      cp_async4(raw_s + 128 * 3, sz ? na : p.nested_absmax, sz);
+      cp_async4(raw_s + 128 * 4, sz ? na + (((a.bf & 255) + span) >> 8) : p.nested_absmax, sz);
+    }
   } else {
     const float* am = reinterpret_cast<const float*>(p.absmax) + a.bf;
 #pragma unroll
@@ -472,13 +476,14 @@ __device__ __forceinline__ float lds_f32(uint32_t a) {
 // values; branch-free, with a blocksize-64 form whose pair i is block bf + i)
 template <bool kNested>
 __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, uint32_t nested_s, float* stats,
-                                             float offset, long long tile, int slice, int lane, int log2_bs) {
+                                             float offset, long long tile, int slice, int lane, int log2_bs,
+                                             const float2* na_ldg = nullptr) {
   float v[8];
   if constexpr (kNested) {
     const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
     const int nb = static_cast<int>(a.bf & 255);
     const uint32_t w0 = lds_u32(raw_s), w1 = lds_u32(raw_s + 128), w2 = lds_u32(raw_s + 256);
-    const float na0 = lds_f32(raw_s + 128 * 3), na1 = lds_f32(raw_s + 128 * 4);
+    const float na0 = na_ldg ? na_ldg->x : lds_f32(raw_s + 128 * 3), na1 = na_ldg ? na_ldg->y : lds_f32(raw_s + 128 * 4);
     // the 8-bit codes of the lane's blocks bf .. bf + 7: bytes 0-3 / 4-7 of lo / hi
     const uint32_t sh = 8 * static_cast<uint32_t>(a.bf & 3);
     const uint32_t lo = __funnelshift_r(w0, w1, sh), hi = __funnelshift_r(w1, w2, sh);
@@ -839,12 +844,18 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
   ld_rows();
+#if defined(FASTNF4_STATS_NA_LDG)  // experiment: nested absmax of the next phase in registers (cached loads)
+  float2 na_store = make_float2(0.f, 0.f);
+  float2* na_reg = kNested ? &na_store : nullptr;
+#else
+  float2* na_reg = nullptr;
+#endif
   bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
   int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
   // the first phase's statistics travel with the first weights (one global round trip at the start instead of
   // two: H200, probe_decode.py, M = 1: -0.3 to -1.1 us on every weight of 11-242 MB)
   if (async_stats && cp.tile < tiles) {
-    fetch_stats<kNested>(p, raw_s, cp.tile, cp.slice, lane, log2_bs, nblocks);
+    fetch_stats<kNested>(p, raw_s, cp.tile, cp.slice, lane, log2_bs, nblocks, na_reg);
     cp_async_commit();
     fetched = true;
     since = kStages;  // older than the first weight stage, which is waited for before the first step
@@ -919,7 +930,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       if (fetched) {
         // that group is done once at most since - 1 newer ones are pending (always so after kStages - 1 steps)
         if (since < kStages - 1) cp_async_wait_upto<kStages - 1>(since - 1);
-        decode_stats<kNested>(p, raw_s, nested_s, stats, offset, cp.tile, cp.slice, lane, log2_bs);
+        decode_stats<kNested>(p, raw_s, nested_s, stats, offset, cp.tile, cp.slice, lane, log2_bs, na_reg);
       } else {
         stage_stats<kNested>(p, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs, pair_shares_block);
       }
@@ -933,7 +944,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
         }
         fetched = n.tile < tiles;
 #if !defined(FASTNF4_DIAG_NO_STATS_FETCH)  // timing experiment only (wrong results): each phase decodes stale raw bytes
-        if (fetched) fetch_stats<kNested>(p, raw_s, n.tile, n.slice, lane, log2_bs, nblocks);
+        if (fetched) fetch_stats<kNested>(p, raw_s, n.tile, n.slice, lane, log2_bs, nblocks, na_reg);
 #endif
         since = 0;
       }
