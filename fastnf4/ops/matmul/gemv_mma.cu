@@ -483,7 +483,8 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
     const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
     const int nb = static_cast<int>(a.bf & 255);
     const uint32_t w0 = lds_u32(raw_s), w1 = lds_u32(raw_s + 128), w2 = lds_u32(raw_s + 256);
-    const float na0 = na_ldg ? na_ldg->x : lds_f32(raw_s + 128 * 3), na1 = na_ldg ? na_ldg->y : lds_f32(raw_s + 128 * 4);
+    const float na0 = na_ldg ? na_ldg->x : lds_f32(raw_s + 128 * 3);
+    const float na1 = na_ldg ? na_ldg->y : lds_f32(raw_s + 128 * 4);
     // the 8-bit codes of the lane's blocks bf .. bf + 7: bytes 0-3 / 4-7 of lo / hi
     const uint32_t sh = 8 * static_cast<uint32_t>(a.bf & 3);
     const uint32_t lo = __funnelshift_r(w0, w1, sh), hi = __funnelshift_r(w1, w2, sh);
