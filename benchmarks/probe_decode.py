@@ -6,6 +6,7 @@ w: the 20-warp decode kernel's default plan (block-local where it takes it), n: 
 kernel, else S splits (global settle).
 FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
 block-local split-K it may lack: use g). FASTNF4_PROBE_EMPTY=1 first times a one-element fill (a launch alone).
+FASTNF4_PROBE_PLAN=1 adds the plan taken: [kernel variant, S x slices per split, local, cluster, staged x holes].
 usage: python benchmarks/probe_decode.py [S|g|w|n ...]"""
 import os
 import sys
@@ -56,5 +57,9 @@ for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
         t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp, local=local, kernel=kernel)
                         for i in range(reps)])
         line += f" s{s} {t['median_us']:6.1f} ({100 * floor / t['median_us']:3.0f}%)"
+        if os.environ.get("FASTNF4_PROBE_PLAN"):  # which build and plan took it: [variant S x per, local, cluster, xs]
+            pr = gemv_mma.Prepared(x, *linear_args(qs[0]), sp, kernel, local)
+            pp = pr.params
+            line += f" [v{pr.v} {pr.splits}x{pp.slices_per_split} l{pp.local} c{pp.lcluster} xs{pp.xs}]"
     print(line, flush=True)
     del qs, q

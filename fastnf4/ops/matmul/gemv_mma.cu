@@ -360,9 +360,12 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 // them into the warp's table. The warp's raw area is word-major (word w of lane l at byte 128 w + 4 l), so
 // that the copies and reads of a word hit 32 distinct banks (lane-major, 8 words per lane, was an 8-way bank
 // conflict on each). Raw words: without nesting, word i = the absmax of chunk pair i; nested, words
-// 0-2 = the aligned words holding the pairs' 8-bit codes, words 3 / 4 = the nested absmax of the first / last
-// pair. This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
-// the kernel time on the H200, NOTES.md session 5) off the warp's path without holding registers.
+// 0-2 = the aligned words holding the pairs' 8-bit codes; the nested absmax of the first / last pair come by
+// cached loads into two registers (``na_ldg``), a phase ahead as well (H200, probe_decode.py, M = 1: faster or
+// equal on 14 of 15 model weights than two more 4-byte copies per lane and phase, e.g. Qwen gate_up 46.6 ->
+// 45.3 us, NOTES.md session 22; -DFASTNF4_STATS_NA_CPASYNC builds the copies into words 3 / 4 instead).
+// This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
+// the kernel time on the H200, NOTES.md session 5) off the warp's path.
 struct PhaseAt {
   long long bf;  // block of the lane's first code
   int r;         // position of that code inside its block (a multiple of 64)
@@ -428,12 +431,14 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
       cp_async4(raw_s + 128 * w, on ? am + w0 + 4 * w : am, on ? min(4, left - 4 * w) : 0);
     }
     const float* na = p.nested_absmax + (a.bf >> 8);
+    // the last pair's nested absmax (na or na + 1; a lambda: computed where used, as in the measured builds)
+    auto na_last = [&]() { return na + (((a.bf & 255) + span) >> 8); };
     const int sz = a.pairs ? 4 : 0;
-    if (na_ldg != nullptr) {  // (experiment) the two nested absmax by cached loads into registers, used a phase later
-      *na_ldg = sz ? make_float2(__ldg(na), __ldg(na + (((a.bf & 255) + span) >> 8))) : make_float2(0.f, 0.f);
+    if (na_ldg != nullptr) {  // the two nested absmax by cached loads into registers, used a phase later
+      *na_ldg = sz ? make_float2(__ldg(na), __ldg(na_last())) : make_float2(0.f, 0.f);
     } else {
       cp_async4(raw_s + 128 * 3, sz ? na : p.nested_absmax, sz);
-      cp_async4(raw_s + 128 * 4, sz ? na + (((a.bf & 255) + span) >> 8) : p.nested_absmax, sz);
+      cp_async4(raw_s + 128 * 4, sz ? na_last() : p.nested_absmax, sz);
     }
   } else {
     const float* am = reinterpret_cast<const float*>(p.absmax) + a.bf;
@@ -845,12 +850,16 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
   ld_rows();
-#if defined(FASTNF4_STATS_NA_LDG)  // experiment: nested absmax of the next phase in registers (cached loads)
-  float2 na_store = make_float2(0.f, 0.f);
-  float2* na_reg = kNested ? &na_store : nullptr;
+  // nested absmax of the next phase in registers (cached loads; see fetch_stats) where x is staged: the register-x
+  // builds keep the copies (with the two registers they lost 0.2-1.3 us at M = 2 on the H200, e.g. 5120 x 25600
+  // 31.5 -> 32.9 us, where the cluster build spilled; equal at M = 1; NOTES.md session 23)
+#if defined(FASTNF4_STATS_NA_CPASYNC)
+  constexpr bool kNaRegs = false;
 #else
-  float2* na_reg = nullptr;
+  constexpr bool kNaRegs = kNested && kXs;
 #endif
+  float2 na_store = make_float2(0.f, 0.f);
+  float2* na_reg = kNaRegs ? &na_store : nullptr;
   bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
   int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
   // the first phase's statistics travel with the first weights (one global round trip at the start instead of
