@@ -271,19 +271,20 @@ def test_block_local_split_k_refuses_what_it_cannot_do():
         gemv_mma.launch(x, *linear_args(big), splits=(2, 1), kernel=0, local=True)
 
 
-def test_unaligned_nested_codes():
-    # 8-bit absmax codes at an odd address (a view into a larger buffer): the kernel must not copy them with
-    # 4-byte cp.async (it stages them synchronously instead) and must give the same result
-    torch.manual_seed(3)
+@pytest.mark.parametrize("shift", [1, 4, 8])
+def test_unaligned_nested_codes(shift):
+    # 8-bit absmax codes at an address that is not 16-byte aligned (a view into a larger buffer): the kernel must not
+    # copy them with 16-byte cp.async (it stages them synchronously instead) and must give the same result
+    torch.manual_seed(3 + shift)
     n, k = 3000, 4096
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, double_quant=True)
     args = list(linear_args(q))
     absmax = args[1]
     assert absmax.dtype == torch.uint8
-    buf = torch.empty(absmax.numel() + 1, dtype=torch.uint8, device="cuda")
-    buf[1:] = absmax
-    args[1] = buf[1:]
-    assert args[1].data_ptr() % 4 == 1
+    buf = torch.empty(absmax.numel() + shift, dtype=torch.uint8, device="cuda")
+    buf[shift:] = absmax
+    args[1] = buf[shift:]
+    assert args[1].data_ptr() % 16 == shift
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     y = gemv_mma.launch(x, *linear_args(q))
     yu = gemv_mma.launch(x, *args)

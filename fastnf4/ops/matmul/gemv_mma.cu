@@ -359,11 +359,14 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 // k0 .. k0 + 511 of it) into its 8 words at ``raw_s`` with cp.async, a phase before ``decode_stats`` turns
 // them into the warp's table. The warp's raw area is word-major (word w of lane l at byte 128 w + 4 l), so
 // that the copies and reads of a word hit 32 distinct banks (lane-major, 8 words per lane, was an 8-way bank
-// conflict on each). Raw words: without nesting, word i = the absmax of chunk pair i; nested, words
-// 0-2 = the aligned words holding the pairs' 8-bit codes; the nested absmax of the first / last pair come by
-// cached loads into two registers (``na_ldg``), a phase ahead as well (H200, probe_decode.py, M = 1: faster or
-// equal on 14 of 15 model weights than two more 4-byte copies per lane and phase, e.g. Qwen gate_up 46.6 ->
-// 45.3 us, NOTES.md session 22; -DFASTNF4_STATS_NA_CPASYNC builds the copies into words 3 / 4 instead).
+// conflict on each). Raw words: without nesting, word i = the absmax of chunk pair i; nested, words 0-5 of the
+// warp's lanes (768 bytes) hold each row's aligned 32-byte window of 8-bit codes at byte 48 r, one 16-byte copy
+// per lane (H200, probe_decode.py, M = 1: faster or equal on 14 of 15 model weights than three 4-byte copies of
+// the lane's own words, e.g. Llama gate_up 75.1 -> 72.9 us, NOTES.md session 23). The nested absmax of the
+// first / last pair come by cached loads into two registers (``na_ldg``, staged-x builds), a phase ahead as well
+// (faster or equal on 14 of 15 model weights at M = 1 than two more 4-byte copies per lane and phase, e.g. Qwen
+// gate_up 46.6 -> 45.3 us, NOTES.md sessions 22-23), or by copies into words 6 / 7 (register-x builds, and all
+// with -DFASTNF4_STATS_NA_CPASYNC).
 // This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
 // the kernel time on the H200, NOTES.md session 5) off the warp's path.
 struct PhaseAt {
@@ -415,6 +418,13 @@ __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* 
       "l"(src), "r"(static_cast<uint32_t>(on)), "l"(policy));
 }
 
+// 16 bytes global -> shared through L1, of which the first ``size`` are read (the rest zero-filled)
+__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src, int size) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size));
+}
+// raw word of the first nested absmax (copied form; the code windows take words 0-5 of every lane)
+constexpr int kNaWord = 6;
+
 template <bool kNested>
 __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, long long tile, int slice, int lane,
                                             int log2_bs, long long nblocks, float2* na_ldg = nullptr) {
@@ -422,13 +432,14 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
   if constexpr (kNested) {
     const uint8_t* am = reinterpret_cast<const uint8_t*>(p.absmax);
     const int span = (a.r + 64 * max(a.pairs - 1, 0)) >> log2_bs;  // last pair's block - bf
-    const long long w0 = a.bf & ~3LL;
-    const int last = static_cast<int>(a.bf - w0) + span;            // its byte in the copied words (0..10)
-    const int left = static_cast<int>(min(12LL, nblocks - w0));      // bytes of codes from w0 on (up to 12)
-#pragma unroll
-    for (int w = 0; w < 3; ++w) {
-      const bool on = a.pairs > 0 && 4 * w <= last;  // (the array's last word may be partial: read what exists)
-      cp_async4(raw_s + 128 * w, on ? am + w0 + 4 * w : am, on ? min(4, left - 4 * w) : 0);
+    {
+      // the row's codes of the phase (at most 16 blocks from its first one, b0) lie in the aligned 32-byte window at
+      // b0 & ~15: lane 2 r copies its first 16 bytes and lane 2 r + 1 the second to byte 48 r of the raw area
+      const long long b0 = (static_cast<long long>(tile * 16 + (lane >> 1)) * p.K + slice * kSlice) >> log2_bs;
+      const long long ws = (b0 & ~15LL) + 16 * (lane & 1);
+      const bool on = tile * 16 + (lane >> 1) < p.N && ws < nblocks;  // (the array's end: read what exists)
+      cp_async16_ca(raw_s - 4 * lane + 48 * (lane >> 1) + 16 * (lane & 1), on ? am + ws : am,
+                    on ? static_cast<int>(min(16LL, nblocks - ws)) : 0);
     }
     const float* na = p.nested_absmax + (a.bf >> 8);
     // the last pair's nested absmax (na or na + 1; a lambda: computed where used, as in the measured builds)
@@ -437,8 +448,8 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
     if (na_ldg != nullptr) {  // the two nested absmax by cached loads into registers, used a phase later
       *na_ldg = sz ? make_float2(__ldg(na), __ldg(na_last())) : make_float2(0.f, 0.f);
     } else {
-      cp_async4(raw_s + 128 * 3, sz ? na : p.nested_absmax, sz);
-      cp_async4(raw_s + 128 * 4, sz ? na_last() : p.nested_absmax, sz);
+      cp_async4(raw_s + kNaWord * 128, sz ? na : p.nested_absmax, sz);
+      cp_async4(raw_s + kNaWord * 128 + 128, sz ? na_last() : p.nested_absmax, sz);
     }
   } else {
     const float* am = reinterpret_cast<const float*>(p.absmax) + a.bf;
@@ -487,9 +498,12 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
   if constexpr (kNested) {
     const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
     const int nb = static_cast<int>(a.bf & 255);
-    const uint32_t w0 = lds_u32(raw_s), w1 = lds_u32(raw_s + 128), w2 = lds_u32(raw_s + 256);
-    const float na0 = na_ldg ? na_ldg->x : lds_f32(raw_s + 128 * 3);
-    const float na1 = na_ldg ? na_ldg->y : lds_f32(raw_s + 128 * 4);
+    // the lane's first code's byte in its row's window (0..23; see fetch_stats), and the aligned words from there on
+    const long long b0 = (static_cast<long long>(tile * 16 + (lane >> 1)) * p.K + slice * kSlice) >> log2_bs;
+    const uint32_t wa = raw_s - 4 * lane + 48 * (lane >> 1) + (static_cast<uint32_t>(a.bf - (b0 & ~15LL)) & ~3u);
+    const uint32_t w0 = lds_u32(wa), w1 = lds_u32(wa + 4), w2 = lds_u32(wa + 8);
+    const float na0 = na_ldg ? na_ldg->x : lds_f32(raw_s + kNaWord * 128);
+    const float na1 = na_ldg ? na_ldg->y : lds_f32(raw_s + kNaWord * 128 + 128);
     // the 8-bit codes of the lane's blocks bf .. bf + 7: bytes 0-3 / 4-7 of lo / hi
     const uint32_t sh = 8 * static_cast<uint32_t>(a.bf & 3);
     const uint32_t lo = __funnelshift_r(w0, w1, sh), hi = __funnelshift_r(w1, w2, sh);
@@ -767,8 +781,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
-  // statistics copied a phase ahead (4-byte cp.async: nested 8-bit codes need a 4-byte aligned array)
-  const bool async_stats = pair_shares_block && (!kNested || (reinterpret_cast<uintptr_t>(p.absmax) & 3) == 0);
+  // statistics copied a phase ahead (nested: 16-byte cp.async of the 8-bit codes, which need a 16-byte aligned array)
+  const bool async_stats = pair_shares_block && (!kNested || (reinterpret_cast<uintptr_t>(p.absmax) & 15) == 0);
   const long long nblocks = (N * K + p.blocksize - 1) >> log2_bs;
 
   auto begin = [&](Cursor& c, long long tile, int split) {
