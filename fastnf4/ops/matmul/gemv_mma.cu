@@ -551,6 +551,8 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
 // - x is prefetched one slice ahead in registers (two steps per loop trip alternate the buffers); 32-bit
 //   offsets inside a work item; split-K partial sums are settled when the warp has no work left.
 // Timing-only build switches (wrong results): FASTNF4_DIAG_STATS_ONCE stages statistics once per warp,
+// FASTNF4_DIAG_PHASE16 does the statistics work of a phase every 16 slices instead of 8 (with
+// FASTNF4_DIAG_PHASE16_DECODE2 decoding two phases' values there),
 // FASTNF4_DIAG_NO_STATS_FETCH decodes every phase but copies no statistics after the first phase,
 // FASTNF4_DIAG_NO_SETTLE skips the split-K settlement, FASTNF4_DIAG_NO_LOOKUP feeds the packed words to the mma
 // instead of the table lookups, FASTNF4_DIAG_NO_MMA replaces the mma by an add, FASTNF4_DIAG_NO_TABLE skips the
@@ -948,6 +950,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 #ifdef FASTNF4_DIAG_STATS_ONCE
     if (rel == 0 && !diag_once) {
       diag_once = true;
+#elif defined(FASTNF4_DIAG_PHASE16)  // timing experiment only (wrong results): statistics work every 16 slices
+    if ((rel & (2 * kPhase - 1)) == 0) {
 #else
     if ((rel & (kPhase - 1)) == 0) {
 #endif
@@ -955,6 +959,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
         // that group is done once at most since - 1 newer ones are pending (always so after kStages - 1 steps)
         if (since < kStages - 1) cp_async_wait_upto<kStages - 1>(since - 1);
         decode_stats<kNested>(p, raw_s, nested_s, stats, offset, cp.tile, cp.slice, lane, log2_bs, na_reg);
+#if defined(FASTNF4_DIAG_PHASE16_DECODE2)  // (with PHASE16: the decode work of both halves of a 16-slice phase)
+        decode_stats<kNested>(p, raw_s, nested_s, stats, offset, cp.tile, cp.slice + kPhase, lane, log2_bs, na_reg);
+#endif
       } else {
         stage_stats<kNested>(p, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs, pair_shares_block);
       }
