@@ -6,7 +6,7 @@ w: the 20-warp decode kernel's default plan (block-local where it takes it), n: 
 kernel, else S splits (global settle).
 FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
 block-local split-K it may lack: use g). FASTNF4_PROBE_EMPTY=1 first times a one-element fill (a launch alone).
-FASTNF4_PROBE_PLAN=1 adds the plan taken: [kernel variant, S x slices per split, local, cluster, staged x holes].
+FASTNF4_PROBE_NESTED=0 quantizes without double quant (float32 absmax). FASTNF4_PROBE_PLAN=1 adds the plan taken: [kernel variant, S x slices per split, local, cluster, staged x holes].
 usage: python benchmarks/probe_decode.py [S|g|w|n ...]"""
 import os
 import sys
@@ -41,7 +41,7 @@ if os.environ.get("FASTNF4_PROBE_EMPTY"):  # the graph time of a one-element fil
     print(f"one-element fill {time_graph([lambda: tiny.fill_(1.0)])['median_us']:6.2f} us", flush=True)
 for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    q = fastnf4.quantize(w)
+    q = fastnf4.quantize(w, double_quant=os.environ.get("FASTNF4_PROBE_NESTED", "1") == "1")
     del w
     reps = rotation_count(q.nbytes())
     qs = [q] + [clone_weight(q) for _ in range(reps - 1)]

@@ -355,18 +355,19 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 }
 
 // The decode kernel's asynchronous form, for blocksizes >= 64 with K % 64 == 0 (each 64-code chunk pair lies
-// in one block): ``fetch_stats`` copies one lane's raw statistics of a phase (row tile * 16 + lane / 2, codes
-// k0 .. k0 + 511 of it) into its 8 words at ``raw_s`` with cp.async, a phase before ``decode_stats`` turns
-// them into the warp's table. The warp's raw area is word-major (word w of lane l at byte 128 w + 4 l), so
-// that the copies and reads of a word hit 32 distinct banks (lane-major, 8 words per lane, was an 8-way bank
-// conflict on each). Raw words: without nesting, word i = the absmax of chunk pair i; nested, words 0-5 of the
-// warp's lanes (768 bytes) hold each row's aligned 32-byte window of 8-bit codes at byte 48 r, one 16-byte copy
-// per lane (H200, probe_decode.py, M = 1: faster or equal on 14 of 15 model weights than three 4-byte copies of
-// the lane's own words, e.g. Llama gate_up 75.1 -> 72.9 us, NOTES.md session 23). The nested absmax of the
-// first / last pair come by cached loads into two registers (``na_ldg``, staged-x builds), a phase ahead as well
-// (faster or equal on 14 of 15 model weights at M = 1 than two more 4-byte copies per lane and phase, e.g. Qwen
-// gate_up 46.6 -> 45.3 us, NOTES.md sessions 22-23), or by copies into words 6 / 7 (register-x builds, and all
-// with -DFASTNF4_STATS_NA_CPASYNC).
+// in one block) and a 16-byte aligned absmax array: ``fetch_stats`` copies the raw statistics of a phase (16 rows,
+// codes k0 .. k0 + 1023 of each) into the warp's raw area with 16-byte cp.async, a phase before ``decode_stats``
+// turns them into the warp's table. Each row's statistics of the phase lie in one window from the 16-byte boundary
+// at or below its first block, which the row's two lanes copy between them:
+// - without nesting, 80 bytes of float absmax at byte 80 r (lane 2 r 48 bytes, lane 2 r + 1 32); H200,
+//   probe_decode.py, M = 1, double quant off: faster or equal on all 15 model weights than eight 4-byte copies of
+//   the lane's own words, e.g. Llama gate_up 85.8 -> 80.1 us, Qwen down 34.3 -> 29.8 (NOTES.md session 23);
+// - nested, 32 bytes of 8-bit codes at byte 48 r (16 bytes per lane); faster or equal on 14 of 15 model weights than
+//   three 4-byte copies of the lane's own words, e.g. Llama gate_up 75.1 -> 72.9 us (session 23). The nested absmax
+//   of the lane's first / last pair come by cached loads into two registers (``na_ldg``, staged-x builds), a phase
+//   ahead as well (faster or equal on 14 of 15 weights than two more 4-byte copies per lane and phase, e.g. Qwen
+//   gate_up 46.6 -> 45.3 us, sessions 22-23), or by copies into words 6 / 7 (word w of lane l at byte 128 w + 4 l;
+//   register-x builds, and all with -DFASTNF4_STATS_NA_CPASYNC).
 // This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
 // the kernel time on the H200, NOTES.md session 5) off the warp's path.
 struct PhaseAt {
@@ -452,11 +453,20 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
       cp_async4(raw_s + kNaWord * 128 + 128, sz ? na_last() : p.nested_absmax, sz);
     }
   } else {
-    const float* am = reinterpret_cast<const float*>(p.absmax) + a.bf;
+    // the row's absmax of the phase (at most 16 blocks from its first one, b0) lie in the 80-byte window of floats
+    // from b0 & ~3: lane 2 r copies its chunks 0-2, lane 2 r + 1 chunks 3-4, to byte 80 r of the raw area
+    (void)a;
+    const long long row = tile * 16 + (lane >> 1);
+    const long long ws = ((row * p.K + slice * kSlice) >> log2_bs) & ~3LL;
+    const float* am = reinterpret_cast<const float*>(p.absmax);
+    const uint32_t dst = raw_s - 4 * lane + 80 * (lane >> 1);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const bool on = i < a.pairs;
-      cp_async4(raw_s + 128 * i, on ? am + ((a.r + 64 * i) >> log2_bs) : p.absmax, on ? 4 : 0);
+    for (int j = 0; j < 3; ++j) {
+      // (lane 2 r + 1 copies its chunk 4 twice: a third copy past it, even of nothing, would zero-fill the next row's)
+      const int c = (lane & 1) ? min(3 + j, 4) : j;
+      const long long st = ws + 4 * c;
+      const bool on = row < p.N && st < nblocks;
+      cp_async16_ca(dst + 16 * c, on ? am + st : am, on ? static_cast<int>(min(16LL, 4 * (nblocks - st))) : 0);
     }
   }
 }
@@ -495,6 +505,9 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
                                              float offset, long long tile, int slice, int lane, int log2_bs,
                                              const float2* na_ldg = nullptr) {
   float v[8];
+  // the window a lane reads holds its partner lane's copies too: each lane has waited for its own, the warp barrier
+  // makes the partner's visible (the memory model's requirement; H200: no time measured on it, session 23)
+  __syncwarp();
   if constexpr (kNested) {
     const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
     const int nb = static_cast<int>(a.bf & 255);
@@ -529,8 +542,16 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
       }
     }
   } else {
+    // (pairs past K zeroed: the window's neighbouring floats are another row's absmax, which may be Inf)
+    const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
+    const long long ws = ((static_cast<long long>(tile * 16 + (lane >> 1)) * p.K + slice * kSlice) >> log2_bs) & ~3LL;
+    const uint32_t wa = raw_s - 4 * lane + 80 * (lane >> 1) + 4 * static_cast<uint32_t>(a.bf - ws);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = lds_f32(raw_s + 128 * i);  // zero-filled outside the matrix
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t d = static_cast<uint32_t>((a.r + 64 * i) >> log2_bs);  // (i for blocksize 64)
+      const float val = lds_f32(wa + 4 * d);
+      v[i] = i < a.pairs ? val : 0.f;
+    }
   }
   float v16[16];  // a chunk pair's value for both of its chunks
 #pragma unroll
@@ -582,7 +603,7 @@ template <int CG, int kCfg = 0> struct Cfg {
   static constexpr int kStages = kCfg ? 4 : FASTNF4_PIPE_STAGES1;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
-  static constexpr int kRawBytes = 32 * 32;  // raw statistics of the next phase: 8 words per lane, word-major
+  static constexpr int kRawBytes = 16 * 80;  // raw statistics of the next phase: 16 rows' windows (see fetch_stats)
   static constexpr int kWarpBytes = kRingBytes + 16 * fastnf4_mma::kStatStride * 4 + kRawBytes;
   // the table starts at a 64 KiB-aligned shared address (see lookup_based); the warp areas fill the space below
   // it and continue above, which needs at most one warp area of slack whatever the base address is
@@ -788,7 +809,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
   // statistics copied a phase ahead (nested: 16-byte cp.async of the 8-bit codes, which need a 16-byte aligned array)
-  const bool async_stats = pair_shares_block && (!kNested || (reinterpret_cast<uintptr_t>(p.absmax) & 15) == 0);
+  const bool async_stats = pair_shares_block && (reinterpret_cast<uintptr_t>(p.absmax) & 15) == 0;
   const long long nblocks = (N * K + p.blocksize - 1) >> log2_bs;
 
   auto begin = [&](Cursor& c, long long tile, int split) {
