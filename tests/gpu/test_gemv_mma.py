@@ -271,24 +271,27 @@ def test_block_local_split_k_refuses_what_it_cannot_do():
         gemv_mma.launch(x, *linear_args(big), splits=(2, 1), kernel=0, local=True)
 
 
-@pytest.mark.parametrize("shift", [1, 4, 8])
-def test_unaligned_nested_codes(shift):
-    # 8-bit absmax codes at an address that is not 16-byte aligned (a view into a larger buffer): the kernel must not
-    # copy them with 16-byte cp.async (it stages them synchronously instead) and must give the same result
-    torch.manual_seed(3 + shift)
+@pytest.mark.parametrize("nested, shift", [(True, 1), (True, 4), (True, 8), (False, 4), (False, 8)])
+def test_unaligned_statistics(nested, shift):
+    # absmax (8-bit codes, or float32 without double quant) at an address that is not 16-byte aligned (a view into a
+    # larger buffer): the kernel must not copy them with 16-byte cp.async (it stages them synchronously instead) and
+    # must give the same result
+    torch.manual_seed(3 + shift + nested)
     n, k = 3000, 4096
-    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, double_quant=True)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, double_quant=nested)
     args = list(linear_args(q))
     absmax = args[1]
-    assert absmax.dtype == torch.uint8
-    buf = torch.empty(absmax.numel() + shift, dtype=torch.uint8, device="cuda")
-    buf[shift:] = absmax
-    args[1] = buf[shift:]
+    assert absmax.dtype == (torch.uint8 if nested else torch.float32)
+    step = absmax.element_size()
+    buf = torch.empty(absmax.numel() + shift // step, dtype=absmax.dtype, device="cuda")
+    buf[shift // step:] = absmax
+    args[1] = buf[shift // step:]
     assert args[1].data_ptr() % 16 == shift
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    y = gemv_mma.launch(x, *linear_args(q))
-    yu = gemv_mma.launch(x, *args)
-    assert torch.equal(y, yu)
+    for kernel in (None, gemv_mma.DECODE_WIDE):
+        y = gemv_mma.launch(x, *linear_args(q), kernel=kernel)
+        yu = gemv_mma.launch(x, *args, kernel=kernel)
+        assert torch.equal(y, yu), kernel
 
 
 def _model_exact(q, x, bias):
