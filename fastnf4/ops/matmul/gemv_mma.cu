@@ -498,8 +498,9 @@ __device__ __forceinline__ float lds_f32(uint32_t a) {
   return v;
 }
 
-// (raw_s / nested_s: shared addresses of the lane's raw word 0, word w at raw_s + 128 w, and of the 256 nested code
-// values; branch-free, with a blocksize-64 form whose pair i is block bf + i)
+// (raw_s / nested_s: shared addresses of the warp's raw area + 4 l (the windows lie at raw_s - 4 l + 48 r or 80 r,
+// the copied nested absmax at raw_s + 128 w) and of the 256 nested code values; branch-free, with a blocksize-64
+// form whose pair i is block bf + i)
 template <bool kNested>
 __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, uint32_t nested_s, float* stats,
                                              float offset, long long tile, int slice, int lane, int log2_bs,
