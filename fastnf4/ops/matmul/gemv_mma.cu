@@ -419,6 +419,12 @@ __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* 
       "l"(src), "r"(static_cast<uint32_t>(on)), "l"(policy));
 }
 
+// the block of the first code of row tile * 16 + lane / 2 in the phase at ``slice``: its statistics window starts at
+// or below it (fetch_stats, decode_stats)
+__device__ __forceinline__ long long row_block0(const Params& p, long long tile, int slice, int lane, int log2_bs) {
+  return (static_cast<long long>(tile * 16 + (lane >> 1)) * p.K + slice * kSlice) >> log2_bs;
+}
+
 // 16 bytes global -> shared through L1, of which the first ``size`` are read (the rest zero-filled)
 __device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src, int size) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size));
@@ -429,15 +435,14 @@ constexpr int kNaWord = 6;
 template <bool kNested>
 __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, long long tile, int slice, int lane,
                                             int log2_bs, long long nblocks, float2* na_ldg = nullptr) {
-  const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
   if constexpr (kNested) {
+    const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
     const uint8_t* am = reinterpret_cast<const uint8_t*>(p.absmax);
     const int span = (a.r + 64 * max(a.pairs - 1, 0)) >> log2_bs;  // last pair's block - bf
     {
       // the row's codes of the phase (at most 16 blocks from its first one, b0) lie in the aligned 32-byte window at
       // b0 & ~15: lane 2 r copies its first 16 bytes and lane 2 r + 1 the second to byte 48 r of the raw area
-      const long long b0 = (static_cast<long long>(tile * 16 + (lane >> 1)) * p.K + slice * kSlice) >> log2_bs;
-      const long long ws = (b0 & ~15LL) + 16 * (lane & 1);
+      const long long ws = (row_block0(p, tile, slice, lane, log2_bs) & ~15LL) + 16 * (lane & 1);
       const bool on = tile * 16 + (lane >> 1) < p.N && ws < nblocks;  // (the array's end: read what exists)
       cp_async16_ca(raw_s - 4 * lane + 48 * (lane >> 1) + 16 * (lane & 1), on ? am + ws : am,
                     on ? static_cast<int>(min(16LL, nblocks - ws)) : 0);
@@ -455,9 +460,8 @@ __device__ __forceinline__ void fetch_stats(const Params& p, uint32_t raw_s, lon
   } else {
     // the row's absmax of the phase (at most 16 blocks from its first one, b0) lie in the 80-byte window of floats
     // from b0 & ~3: lane 2 r copies its chunks 0-2, lane 2 r + 1 chunks 3-4, to byte 80 r of the raw area
-    (void)a;
     const long long row = tile * 16 + (lane >> 1);
-    const long long ws = ((row * p.K + slice * kSlice) >> log2_bs) & ~3LL;
+    const long long ws = row_block0(p, tile, slice, lane, log2_bs) & ~3LL;
     const float* am = reinterpret_cast<const float*>(p.absmax);
     const uint32_t dst = raw_s - 4 * lane + 80 * (lane >> 1);
 #pragma unroll
@@ -513,8 +517,8 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
     const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
     const int nb = static_cast<int>(a.bf & 255);
     // the lane's first code's byte in its row's window (0..23; see fetch_stats), and the aligned words from there on
-    const long long b0 = (static_cast<long long>(tile * 16 + (lane >> 1)) * p.K + slice * kSlice) >> log2_bs;
-    const uint32_t wa = raw_s - 4 * lane + 48 * (lane >> 1) + (static_cast<uint32_t>(a.bf - (b0 & ~15LL)) & ~3u);
+    const long long ws = row_block0(p, tile, slice, lane, log2_bs) & ~15LL;
+    const uint32_t wa = raw_s - 4 * lane + 48 * (lane >> 1) + (static_cast<uint32_t>(a.bf - ws) & ~3u);
     const uint32_t w0 = lds_u32(wa), w1 = lds_u32(wa + 4), w2 = lds_u32(wa + 8);
     const float na0 = na_ldg ? na_ldg->x : lds_f32(raw_s + kNaWord * 128);
     const float na1 = na_ldg ? na_ldg->y : lds_f32(raw_s + kNaWord * 128 + 128);
@@ -525,8 +529,8 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
     if (log2_bs == 6) {  // pair i is block bf + i: byte i, all offsets known here (half the instructions)
       // No zeroing of the pairs past K (pairs >= a.pairs): their weights and x are zero there, so their values (the
       // window's neighbouring codes times this row's nested absmax, finite wherever the row's result is) multiply
-      // zero partial sums; rows past N are never written. (H200, probe_decode.py: 0.05-0.45 us faster at M = 1 on all 15 model weights than the
-      // select per value, M = 2 equal; NOTES.md session 23.)
+      // zero partial sums; rows past N are never written. (H200, probe_decode.py: 0.05-0.45 us faster at M = 1 on
+      // all 15 model weights than the select per value, M = 2 equal; NOTES.md session 23.)
       const int sw = 256 - nb;  // pairs i >= sw lie in the next nested block
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -545,7 +549,7 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
   } else {
     // (pairs past K zeroed: the window's neighbouring floats are another row's absmax, which may be Inf)
     const PhaseAt a = phase_at(p, tile, slice, lane, log2_bs);
-    const long long ws = ((static_cast<long long>(tile * 16 + (lane >> 1)) * p.K + slice * kSlice) >> log2_bs) & ~3LL;
+    const long long ws = row_block0(p, tile, slice, lane, log2_bs) & ~3LL;
     const uint32_t wa = raw_s - 4 * lane + 80 * (lane >> 1) + 4 * static_cast<uint32_t>(a.bf - ws);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
