@@ -813,7 +813,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
-  // statistics copied a phase ahead (nested: 16-byte cp.async of the 8-bit codes, which need a 16-byte aligned array)
+  // statistics copied a phase ahead (16-byte cp.async of the rows' windows: the absmax array must be 16-byte aligned)
   const bool async_stats = pair_shares_block && (reinterpret_cast<uintptr_t>(p.absmax) & 15) == 0;
   const long long nblocks = (N * K + p.blocksize - 1) >> log2_bs;
 
