@@ -64,6 +64,18 @@ def test_public_linear_shapes_dtypes_and_fallback(rng):
     assert rel_err(fastnf4.linear(x, q), ref) < 1e-5
 
 
+def test_mma_rules_keep_the_smallest_weights_off_the_gemm_kernel():
+    """M 3-8: the GEMM kernel of gemv_mma.cu only where it beat dequantize + cuBLAS on both GPUs measured (H200, H100:
+    dispatch.py): Llama k+v (1024 x 8192) at M <= 4, Gemma k+v (2048 x 5376) at M <= 8, Qwen k+v (1024 x 5120)
+    never; every size at M <= 2; above M = 8 the N rules."""
+    assert all(dispatch.mma_wanted(m, 1024, 5120) for m in (1, 2))
+    assert not any(dispatch.mma_wanted(m, 1024, 5120) for m in (3, 4, 8, 16))
+    assert dispatch.mma_wanted(4, 1024, 8192) and not dispatch.mma_wanted(5, 1024, 8192)
+    assert dispatch.mma_wanted(8, 2048, 5376) and not dispatch.mma_wanted(9, 2048, 5376)
+    assert dispatch.mma_wanted(16, 4096, 1024) and not dispatch.mma_wanted(17, 4096, 8192)
+    assert dispatch.mma_wanted(32, 8192, 64) and not dispatch.mma_wanted(33, 57344, 8192)
+
+
 def test_dispatch_table():
     assert dispatch.choose_path(1, 8192, 8192, 64) == "gemv"
     assert dispatch.choose_path(4, 8192, 8192, 64) == "gemm"
@@ -82,7 +94,7 @@ def test_wgmma_dispatch_on_model_shapes():
     from fastnf4.bench.harness import model_shapes
 
     def path(m, n, k):
-        return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n), wgmma_ok=True)
+        return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n, k), wgmma_ok=True)
 
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
              for mm in (1, 2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}

@@ -8,8 +8,9 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 | build there)              | where it beat the GEMM kernel (M <= 32) or dequantize + cuBLAS  |
 |                           | (``wgmma_wanted``)                                              |
 | 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 2,   |
-|                           | GEMM kernel 2 < M <= 32), K % 32 == 0; for M > 8 only N >= 4096 |
-|                           | (M <= 16) / N >= 8192 (M <= 32): ``MMA_MIN_N``; at M = 1 the    |
+|                           | GEMM kernel 2 < M <= 32), K % 32 == 0; at M 3-4 only weights of |
+|                           | >= 6M elements, at M 5-8 >= 10M, then N >= 4096 (M <= 16) /     |
+|                           | N >= 8192 (M <= 32): ``MMA_RULES``; at M = 1 the                |
 |                           | weights of <= 24M elements (k/v, Gemma o) take its CUDA-core    |
 |                           | split small-weight kernel (``gemv_mma.SPLIT_MAX_ELEMS``), at    |
 |                           | M = 2 those of <= 9M its small-weight kernel                    |
@@ -49,9 +50,15 @@ from . import gemv_mma, kernel, wgmma
 
 # CUDA tensor-core kernels (gemv_mma.cu) where they are built, the shape fits and they win: above M = 8 the GEMM
 # kernel loses to dequantize + cuBLAS on narrow weights (H200, bench matmul of 5bc03c5, NOTES.md session 4: k+v
-# at M = 16 18-21 vs 13-17 us; q/o with N <= 5376 at M = 32 35-67 vs 27-56 us)
-MMA_MIN_N = ((8, 0), (16, 4096), (32, 8192))  # (largest M, smallest N)
-MMA_MAX_M = MMA_MIN_N[-1][0]
+# at M = 16 18-21 vs 13-17 us; q/o with N <= 5376 at M = 32 35-67 vs 27-56 us). At M 3-8 it also loses on the
+# smallest weights (bench matmul at 859d953 on the H200 and at 18182d0 on an H100, NOTES.md session 24; us, GEMM
+# kernel vs dequantize + cuBLAS, H200 / H100): Qwen k+v (5.2M elements) at M = 4 12.7 vs 11.5 / 13.2 vs 12.2, at
+# M = 8 15.0 vs 11.6 / 15.5 vs 12.3; Llama k+v (8.4M) at M = 4 13.8 vs 14.1 / 14.3 vs 14.7 but at M = 8 16.2 vs
+# 13.7 / 16.6 vs 14.7; Gemma k+v (11M) 13.4 vs 16.2 / 14.2 vs 17.0 at M = 4, 15.7 vs 15.8 / 16.5 vs 16.9 at M = 8.
+# So from M = 3 a smallest weight size too (the thresholds between the measured sizes).
+MMA_RULES = ((2, 0, 0), (4, 0, 6 * 2**20), (8, 0, 10 * 2**20), (16, 4096, 0), (32, 8192, 0))
+# (largest M, smallest N, smallest N * K)
+MMA_MAX_M = MMA_RULES[-1][0]
 GEMV_MAX_M = 2
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
@@ -68,8 +75,11 @@ def num_sms(device: torch.device) -> int:
     return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def mma_wanted(m: int, n: int) -> bool:
-    return any(m <= mm and n >= nn for mm, nn in MMA_MIN_N)
+def mma_wanted(m: int, n: int, k: int) -> bool:
+    for largest_m, min_n, min_elems in MMA_RULES:
+        if m <= largest_m:
+            return n >= min_n and n * k >= min_elems
+    return False
 
 
 # wgmma.cu (Hopper) for 32 < M <= 512 on the weights where it beat fastnf4 dequantize + cuBLAS on the H200 (the
@@ -145,7 +155,7 @@ def wgmma_wanted(m: int, n: int, k: int) -> bool:
 def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wgmma_ok: bool = False) -> str:
     if wgmma_ok and wgmma_wanted(m, n, k):
         return "wgmma"
-    if mma_ok and mma_wanted(m, n):
+    if mma_ok and mma_wanted(m, n, k):
         return "mma"
     if kernel.group_elems(k, blocksize) == 0:
         return "dequant+matmul"
@@ -166,7 +176,7 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
               manual_bf16: bool = False) -> str:
     """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported)."""
     m = x2d.shape[0]
-    mma_ok = (not manual_bf16 and mma_wanted(m, n)
+    mma_ok = (not manual_bf16 and mma_wanted(m, n, k)
               and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
     wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k)
                 and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
