@@ -6,7 +6,9 @@ w: the 20-warp decode kernel's default plan (block-local where it takes it), n: 
 kernel, else S splits (global settle).
 FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
 block-local split-K it may lack: use g). FASTNF4_PROBE_EMPTY=1 first times a one-element fill (a launch alone).
-FASTNF4_PROBE_NESTED=0 quantizes without double quant (float32 absmax). FASTNF4_PROBE_PLAN=1 adds the plan taken: [kernel variant, S x slices per split, local, cluster, staged x holes].
+FASTNF4_PROBE_NESTED=0 quantizes without double quant (float32 absmax). FASTNF4_PROBE_PLAN=1 adds the plan taken:
+[kernel variant, S x slices per split, local, cluster, staged x holes] (g: split-major global), and first the
+resident clusters of 2-8 blocks (FASTNF4_GEMV_CLUSTERS: the sizes the plans may take).
 usage: python benchmarks/probe_decode.py [S|g|w|n ...]"""
 import os
 import sys
@@ -39,6 +41,11 @@ SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID, "gateup": GATE_UP, "ever
 if os.environ.get("FASTNF4_PROBE_EMPTY"):  # the graph time of a one-element fill: a kernel launch alone
     tiny = torch.zeros(1, device="cuda")
     print(f"one-element fill {time_graph([lambda: tiny.fill_(1.0)])['median_us']:6.2f} us", flush=True)
+if os.environ.get("FASTNF4_PROBE_PLAN"):  # resident clusters of 2..8 blocks per decode kernel (bf16, nested)
+    lib = gemv_mma._lib_for(torch.cuda.current_device())
+    print("clusters", gemv_mma.local_clusters(),
+          {v: [lib.clusters.get((0, v, 1, c), 0) for c in gemv_mma.CLUSTER_SIZES] for v in (0, gemv_mma.DECODE_WIDE)},
+          flush=True)
 for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w, double_quant=os.environ.get("FASTNF4_PROBE_NESTED", "1") == "1")
@@ -60,6 +67,7 @@ for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
         if os.environ.get("FASTNF4_PROBE_PLAN"):  # which build and plan took it: [variant S x per, local, cluster, xs]
             pr = gemv_mma.Prepared(x, *linear_args(qs[0]), sp, kernel, local)
             pp = pr.params
-            line += f" [v{pr.v} {pr.splits}x{pp.slices_per_split} l{pp.local} c{pp.lcluster} xs{pp.xs}]"
+            line += f" [v{pr.v} {pr.splits}x{pp.slices_per_split} l{pp.local} c{pp.lcluster} xs{pp.xs}" \
+                    f"{' g' if pp.gsplit else ''}]"
     print(line, flush=True)
     del qs, q

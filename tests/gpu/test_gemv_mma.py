@@ -137,11 +137,11 @@ def test_many_items_per_worker_and_short_phases(blocksize, nested):
 @pytest.mark.parametrize("n, k", [(1000, 4128), (3000, 5376), (40000, 1536)])
 @pytest.mark.parametrize("nested, dtype", [(True, torch.bfloat16), (False, torch.float16)])
 def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
-    """The decode kernel's block-local split-K (a tile's S parts on S warps of one block, or of a cluster of 2 blocks
-    that read each other's partials over distributed shared memory, added after a block / cluster barrier) gives the
-    bits of the global settle (float32 partials in global memory, summed by the last arrival) for the same plan:
-    both add the parts in split order. S that divide the block's warps and S that do not, parts on both blocks of a
-    cluster (S = 24 > 20 warps), many rounds per warp (40000 rows), M = 1 and 2, both decode kernels (16 and 20
+    """The decode kernel's block-local split-K (a tile's S parts on S warps of one block, or of a cluster of 2 or 3
+    blocks that read each other's partials over distributed shared memory, added after a block / cluster barrier)
+    gives the bits of the global settle (float32 partials in global memory, summed by the last arrival) for the same
+    plan: both add the parts in split order. S that divide the block's warps and S that do not, parts on two blocks
+    of a cluster (S = 24 > 20 warps), many rounds per warp (40000 rows), M = 1 and 2, both decode kernels (16 and 20
     warps), bias or none; fresh data, outputs poisoned; and the arithmetic model holds, also for the default plan
     and in a graph."""
     torch.manual_seed(n + k)
@@ -153,7 +153,7 @@ def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
         ref = _model(q, x, bias)
         tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
         for kernel in (0, gemv_mma.DECODE_WIDE):
-            for s, lc in ((2, 1), (3, 1), (5, 1), (8, 1), (3, 2), (12, 2), (24, 2)):
+            for s, lc in ((2, 1), (3, 1), (5, 1), (8, 1), (3, 2), (12, 2), (24, 2), (3, 3), (6, 3), (24, 3)):
                 per = -(-slices // s)
                 if -(-slices // per) != s or per < 1:
                     continue
@@ -194,6 +194,7 @@ def test_staged_x_gives_the_bits_of_x_in_registers(n, k, monkeypatch):
     torch.manual_seed(n + k)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64)
     slices = -(-k // 128)
+    monkeypatch.setenv("FASTNF4_GEMV_GSPLIT", "0")  # (x staged split-major: its own test below)
     for m in (1, 2):
         monkeypatch.setenv("FASTNF4_GEMV_XS", "1")
         staged = gemv_mma.x_holes(m, k)
@@ -219,10 +220,11 @@ def test_staged_x_gives_the_bits_of_x_in_registers(n, k, monkeypatch):
 
 @pytest.mark.parametrize("n, k", [(1000, 16384), (700, 12288)])
 def test_split_major_clusters_stage_their_part_of_x(n, k):
-    """Split-major cluster plans (each block of a cluster of two holds whole splits and stages only their part of x,
-    for x too large to stage whole) give the bits of the global settle for the same plan, at M = 1 and 2, both decode
-    kernels (16 warps: S = 4 / 8; 20 warps: S = 4 / 8 / 10); each decode kernel's default plan of such a weight is
-    checked against the arithmetic model. Fresh data, outputs poisoned."""
+    """Split-major cluster plans (each block of a cluster of two or three holds whole splits and stages only their
+    part of x, for x too large to stage whole) give the bits of the global settle for the same plan, at M = 1 and 2,
+    both decode kernels (clusters of 2: 16 warps S = 4 / 8, 20 warps S = 4 / 8 / 10; of 3: 16 warps S = 6 / 12, 20
+    warps S = 6 / 12 / 15); each decode kernel's default plan of such a weight is checked against the arithmetic
+    model. Fresh data, outputs poisoned."""
     torch.manual_seed(n + k)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64, double_quant=True)
     slices = k // 128
@@ -233,12 +235,12 @@ def test_split_major_clusters_stage_their_part_of_x(n, k):
         ref = _model(q, x, None)
         tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
         for kernel, warps in ((0, 16), (gemv_mma.DECODE_WIDE, 20)):
-            for s in (4, 8, 10):
+            for lc, s in ((2, 4), (2, 8), (2, 10), (3, 6), (3, 12), (3, 15)):
                 per = -(-slices // s)
-                tpb = 2 * warps // s
-                if -(-slices // per) != s or tpb * s != 2 * warps or warps % tpb:
+                tpb = lc * warps // s
+                if -(-slices // per) != s or tpb * s != lc * warps or warps % tpb:
                     continue
-                p = gemv_mma.Prepared(x, *linear_args(q), splits=(s, per), kernel=kernel, local=True, local_cluster=2,
+                p = gemv_mma.Prepared(x, *linear_args(q), splits=(s, per), kernel=kernel, local=True, local_cluster=lc,
                                       local_split=True)
                 staged = p.params.xs
                 assert p.params.lsplit == 1 and (staged == 0 or staged == m * 2 * (warps // tpb) * per)
@@ -246,14 +248,48 @@ def test_split_major_clusters_stage_their_part_of_x(n, k):
                 yg = gemv_mma.launch(x, *linear_args(q), y=torch.full((m, n), float("nan"), device="cuda",
                                                                        dtype=torch.bfloat16),
                                      splits=(s, per), kernel=kernel, local=False)
-                assert torch.isfinite(y).all() and torch.equal(y, yg), (m, kernel, s)
-                assert ((y.double() - ref).abs() <= tol).all(), (m, kernel, s)
+                assert torch.isfinite(y).all() and torch.equal(y, yg), (m, kernel, lc, s)
+                assert ((y.double() - ref).abs() <= tol).all(), (m, kernel, lc, s)
                 tried += staged > 0
         for kernel in (0, gemv_mma.DECODE_WIDE):  # each decode kernel's own plan (by size these take gemv_split)
             y = gemv_mma.launch(x, *linear_args(q), y=torch.full((m, n), float("nan"), device="cuda",
                                                                    dtype=torch.bfloat16), kernel=kernel)
             assert ((y.double() - ref).abs() <= tol).all(), (m, kernel)
-    assert tried >= 5  # (M = 1 fits on both shapes; M = 2 at K = 16384 does not)
+    assert tried >= 10  # (M = 1 fits on both shapes; M = 2 at K = 16384 does not)
+
+
+@pytest.mark.parametrize("n, k", [(1000, 16384), (700, 12288), (100, 16384)])
+def test_split_major_global_plans_stage_their_part_of_x(n, k, monkeypatch):
+    """Global split-K plans of one item per warp for x too large to stage whole take the items split-major
+    (gemv_mma.cu Params.gsplit), each block staging only the splits its warps take (two, or more where the tiles
+    are fewer than a block's warps: 100 rows): the bits of the same plan with x in registers, at M = 1 and 2, both
+    decode kernels; fresh data, outputs poisoned, and the arithmetic model holds."""
+    torch.manual_seed(n + k)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64, double_quant=True)
+    slices, tiles = k // 128, -(-n // 16)
+    tried = 0
+    for m in (1, 2):
+        assert gemv_mma.x_holes(m, k) == 0
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = _model(q, x, None)
+        tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
+        for kernel, warps in ((0, 16), (gemv_mma.DECODE_WIDE, 20)):
+            for s in (2, 4, 8, 12):
+                per = -(-slices // s)
+                if -(-slices // per) != s:
+                    continue
+                ys = []
+                for gs in ("1", "0"):
+                    monkeypatch.setenv("FASTNF4_GEMV_GSPLIT", gs)
+                    p = gemv_mma.Prepared(x, *linear_args(q), splits=(s, per), kernel=kernel, local=False)
+                    span = min(s, 1 + -(-(warps - 1) // tiles))
+                    want = gs == "1" and m * 2 * span * per <= gemv_mma.LOCAL_HOLES
+                    assert p.params.gsplit == int(want) and p.params.xs == (m * 2 * span * per if want else 0)
+                    ys.append(p(x, torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)))
+                    tried += want
+                assert torch.isfinite(ys[0]).all() and torch.equal(ys[0], ys[1]), (m, kernel, s)
+                assert ((ys[0].double() - ref).abs() <= tol).all(), (m, kernel, s)
+    assert tried >= 6
 
 
 def test_block_local_split_k_refuses_what_it_cannot_do():

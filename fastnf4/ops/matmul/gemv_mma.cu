@@ -63,6 +63,7 @@ struct Params {
   long long lcluster;          // with local: blocks per thread block cluster sharing the tiles (1: none)
   long long xs;                // decode kernel: > 0 = x staged in the table's top xs holes (see gemv_mma_pipe), else 0
   long long lsplit;            // with local and lcluster > 1: 1 = the cluster's warps split-major (see gemv_mma_pipe)
+  long long gsplit;            // global settle, one item per warp: 1 = split-major items (see gemv_mma_pipe)
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -687,8 +688,10 @@ struct Cursor {
 };
 
 // kLocal: 1 = the block-local split-K build (Params::local > 0), 2 = the same over thread block clusters
-// (Params::lcluster > 1); separate instantiations, so that each build's SASS is the one measured for it (the global
-// settle's is the one before them; the cluster code cost the single-block build 8 registers and ~3% on mid weights).
+// (Params::lcluster > 1), 3 = the global settle with split-major items and staged x (Params::gsplit); separate
+// instantiations, so that each build's SASS is the one measured for it (the global settle's is the one before them;
+// the cluster code cost the single-block build 8 registers and ~3% on mid weights, the split-major code the global
+// staged-x build ~1.4% on Gemma gate+up when it was a runtime branch there).
 // kXs: x staged once per block in the table's top Params::xs holes (hole h: the upper 128 bytes of table entry h) instead
 // of loaded from global memory into registers one slice ahead: x row m fills holes h0 + m * hrow ... (h0 = kHoles - xs,
 // hrow = 2 ceil(K / 128): 64 elements per hole, zero-padded to whole slices), so slice s of row m is holes 2 s and
@@ -702,6 +705,8 @@ struct Cursor {
 template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0, bool kXs = false>
 __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   static_assert(!kXs || CG == 1, "staged x covers M <= 2");
+  static_assert(kLocal != 3 || kXs, "split-major global plans stage x");
+  constexpr bool kBlock = kLocal == 1 || kLocal == 2;  // the block-local split-K (partial sums in shared memory)
   using C = pipe::Cfg<CG, kCfg>;
   constexpr int kStages = C::kStages, kRingBytes = C::kRingBytes, kWarpBytes = C::kWarpBytes;
   using pipe::kPhase; using pipe::kTableBytes;
@@ -756,6 +761,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       const int sb = C::kWarps / static_cast<int>(p.local / p.splits);  // splits per block
       slice0 = static_cast<int>(blockIdx.x % p.lcluster) * sb * static_cast<int>(p.slices_per_split);
       nsl = sb * static_cast<int>(p.slices_per_split);
+    } else if (kLocal == 3) {
+      // split-major global plan: this block's warps take items of the splits s_lo .. s_hi only
+      const long long tl = (p.N + 15) / 16, g0 = static_cast<long long>(blockIdx.x) * C::kWarps;
+      const long long g1 = min(g0 + C::kWarps, tl * p.splits) - 1;
+      const int s_lo = static_cast<int>(g0 / tl), s_hi = static_cast<int>(g1 / tl);
+      slice0 = s_lo * static_cast<int>(p.slices_per_split);
+      nsl = g1 < g0 ? 0 : (s_hi - s_lo + 1) * static_cast<int>(p.slices_per_split);
     }
     const int kc = nsl * (kSlice / 8);  // 16-byte pieces per staged row
     const int hrow = 2 * nsl;
@@ -796,7 +808,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // block-local split-K (p.local = U): the block's first U warps take items b U + w (+ gridDim U per round), i.e. U / S
   // whole tiles per round; the others none (their first item is past the end)
   // (with clusters of lc blocks: the cluster's warps are numbered rank x kWarps + warp and share its U items)
-  const long long U = kLocal ? p.local : C::kWarps;
+  const long long U = kBlock ? p.local : C::kWarps;
   long long warp0, warps;
   if constexpr (kLocal == 2) {
     // cluster warp cw takes (local tile, split) = (cw / S, cw % S), or split-major (Params::lsplit) (cw % tpb, cw /
@@ -807,8 +819,11 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     warp0 = cw < U ? (long long)(blockIdx.x / lc) * U + item : tiles * p.splits;
     warps = (long long)(gridDim.x / lc) * U;
   } else {
-    warp0 = !kLocal || warp < U ? (long long)blockIdx.x * U + warp : tiles * p.splits;
+    warp0 = !kBlock || warp < U ? (long long)blockIdx.x * U + warp : tiles * p.splits;
     warps = (long long)gridDim.x * U;
+    // split-major global plan (Params::gsplit, at most one item per warp): warp g of the grid takes tile g % tiles of
+    // split g / tiles, so that a block's warps share one or two splits and it stages only their part of x
+    if constexpr (kLocal == 3) warp0 = warp0 < tiles * p.splits ? warp0 % tiles * p.splits + warp0 / tiles : warp0;
   }
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
@@ -1078,7 +1093,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 
     // the work item is complete: write its 16 rows (partial sums with split-K), then move to the next item
     // (block-local split-K: this warp's round-th item goes to table hole round x kWarps + warp)
-    if constexpr (kLocal != 0) {
+    if constexpr (kBlock) {
       finish_item<T, CG>(p, acc, cp.tile, cp.split, lane, holes_s + 256u * (round * C::kWarps + warp));
       ++round;
     } else {
@@ -1115,7 +1130,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     step(xb2, xb, w2, w1);
   }
   cp_async_wait<0>();
-  if constexpr (kLocal != 0) {
+  if constexpr (kBlock) {
     // block-local split-K: the S partials of each of this block's (cluster's) tiles (round i, local tile lt: tile
     // (c + i clusters) U / S + lt; split s on cluster warp lt S + s, in hole i kWarps + (its warp) of its block)
     // added in split order, as sum_tile does, (+ bias) and stored; a cluster's blocks take every lc-th entry
@@ -1681,12 +1696,17 @@ void* pick(int variant) {
   }
   return nullptr;
 }
-// the decode kernels' builds by split-K settle (local: 0 global, 1 block-local, 2 over clusters) and x path (kXs)
+// the decode kernels' builds by split-K settle (local: 0 global, 1 block-local, 2 over clusters, 3 global with
+// split-major items: staged x only) and x path (kXs)
 template <typename T, bool kNested, int kCfg, bool kXs>
 void* pick_decode(int local) {
+  if constexpr (kXs) {
+    if (local == 3) return (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 3, true>;
+  }
   return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, kXs>
          : local == 1 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 1, kXs>
-                      : (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, kXs>;
+         : local == 0 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, kXs>
+                      : nullptr;
 }
 template <typename T, bool kNested>
 void* pick_local(int variant, int local, bool xs) {
@@ -1700,7 +1720,8 @@ void* pick_local(int variant, int local, bool xs) {
   return nullptr;
 }
 
-// local: 0 the global settle's build, 1 the block-local one, 2 the cluster one; xs: staged x (decode kernels only)
+// local: 0 the global settle's build, 1 the block-local one, 2 the cluster one, 3 the split-major global one (with
+// xs); xs: staged x (decode kernels only)
 void* kernel_for(int dtype, int variant, int nested, int local = 0, bool xs = false) {
   if (local || xs) {
     if (dtype == 0)
@@ -1752,9 +1773,10 @@ extern "C" {
 // decode kernels the lowest of the global-settle, block-local and cluster builds (all get their attributes set here).
 int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
   int least = -1;
-  for (int build = 0; build < 6; ++build) {
-    const int local = build % 3;
-    const bool xs = build >= 3;
+  for (int build = 0; build < 8; ++build) {
+    const int local = build % 4;
+    const bool xs = build >= 4;
+    if (local == 3 && !xs) continue;  // (no such build)
     void* f = fastnf4_mma::kernel_for(dtype, variant, nested, local, xs);
     if (f == nullptr) {
       if (build) break;
@@ -1822,7 +1844,8 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, p->local <= 0 ? 0 : p->lcluster > 1 ? 2 : 1, p->xs > 0);
+  const int build = p->local <= 0 ? (p->gsplit ? 3 : 0) : p->lcluster > 1 ? 2 : 1;
+  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, build, p->xs > 0);
   // split-major clusters: every block holds whole splits (tpb tiles x S parts = lcluster x warps)
   const long long kw = fastnf4_mma::threads_for(variant) / 32;
   const bool lsplit = p->lsplit != 0;
@@ -1832,7 +1855,15 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
   // staged x: exactly the rows' holes (all of K, or a split-major block's splits), K % 128 == 0 and no split past the
   // end of K (its copies skip the K bound)
   const long long slices = (p->K + fastnf4_mma::kSlice - 1) / fastnf4_mma::kSlice;
-  const long long staged = lsplit ? kw / (p->local / p->splits) * p->slices_per_split : slices;
+  // split-major global plans: the global settle, split-K, every item on its own warp of the grid
+  const long long tiles = (p->N + 15) / 16;
+  if (p->gsplit && (p->local > 0 || p->splits < 2 || tiles * p->splits > grid * kw || (variant != 0 && variant != 5)))
+    return (int)cudaErrorInvalidValue;
+  // (a block's kw warps span at most 1 + ceil((kw - 1) / tiles) splits)
+  const long long gspan1 = 1 + (kw - 1 + tiles - 1) / tiles;
+  const long long gspan = p->gsplit ? (gspan1 < p->splits ? gspan1 : p->splits) : 0;
+  const long long staged = lsplit ? kw / (p->local / p->splits) * p->slices_per_split
+                           : p->gsplit ? gspan * p->slices_per_split : slices;
   if (p->xs > 0 && (p->M > 2 || p->K % fastnf4_mma::kSlice != 0 || p->xs != p->M * staged * 2 ||
                     p->xs > fastnf4_mma::pipe::kHoles || (p->splits - 1) * p->slices_per_split >= slices))
     return (int)cudaErrorInvalidValue;

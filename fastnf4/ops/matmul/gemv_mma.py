@@ -29,7 +29,7 @@ class Params(ctypes.Structure):
         ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
         ("local", ctypes.c_longlong), ("lcluster", ctypes.c_longlong), ("xs", ctypes.c_longlong),
-        ("lsplit", ctypes.c_longlong),
+        ("lsplit", ctypes.c_longlong), ("gsplit", ctypes.c_longlong),
     ]
 
 
@@ -61,7 +61,7 @@ class _Lib:
         lib.fastnf4_gemv_mma_clusters.restype = ctypes.c_int
         # clusters of the decode kernels' block-local build resident at once (for local_plan), asked now
         self.clusters = {(d, v, nested, c): lib.fastnf4_gemv_mma_clusters(d, v, nested, c)
-                         for d in (0, 1) for v in (0, DECODE_WIDE) for nested in (0, 1) for c in LOCAL_CLUSTERS}
+                         for d in (0, 1) for v in (0, DECODE_WIDE) for nested in (0, 1) for c in CLUSTER_SIZES}
 
 
 @functools.cache
@@ -264,6 +264,16 @@ X_HOLES_MAX = 176
 # rounds): Qwen o 15.0 -> 14.3 us, Qwen gate+up 33.3 -> 31.7, Qwen down 31.5 -> 30.9, the rest unchanged; clusters
 # of 4 (30 resident, 120 blocks) were not taken by any plan and measured slower where forced into an earlier build.
 LOCAL_CLUSTERS = (2,)
+CLUSTER_SIZES = range(2, 9)  # the sizes whose resident clusters the library is asked for (forced plans: any)
+
+
+def local_clusters() -> tuple[int, ...]:
+    """The cluster sizes the plans may take: LOCAL_CLUSTERS, or FASTNF4_GEMV_CLUSTERS (e.g. "2,3"; "" none: the A / B
+    switch)."""
+    env = os.environ.get("FASTNF4_GEMV_CLUSTERS")
+    if env is None:
+        return LOCAL_CLUSTERS
+    return tuple(int(c) for c in env.split(",") if c.strip())
 ITEM_COST = 1
 
 
@@ -276,6 +286,12 @@ STAGED_X_GAIN = 0.9
 def staging_on() -> bool:
     """Whether the decode kernels may stage x (FASTNF4_GEMV_XS=0 turns it off: the A / B switch)."""
     return os.environ.get("FASTNF4_GEMV_XS", "1") != "0"
+
+
+def global_split_staging() -> bool:
+    """Whether global split-K plans of one item per warp may stage x split-major (FASTNF4_GEMV_GSPLIT=0: the A / B
+    switch)."""
+    return os.environ.get("FASTNF4_GEMV_GSPLIT", "1") != "0"
 
 
 def split_stage_m(m: int, k: int) -> int:
@@ -375,7 +391,7 @@ class Prepared:
             occ16 = lib.occupancy[(dt, 0, int(nested))]
             if occ16 > 0 and occ20 > 0:  # the cheaper of the two by ``decode_cost`` (M = 1)
                 costs = {w: decode_cost(m, n, k, lib.sms * o, lib.warps[w],
-                                        {c: lib.clusters.get((dt, w, int(nested), c), 0) for c in LOCAL_CLUSTERS})
+                                        {c: lib.clusters.get((dt, w, int(nested), c), 0) for c in local_clusters()})
                          for w, o in ((0, occ16), (DECODE_WIDE, occ20))}
                 v = 0 if costs[0] <= costs[DECODE_WIDE] else DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
@@ -402,7 +418,9 @@ class Prepared:
         tpb = 0  # tiles per block (cluster) and round of the block-local split-K (0: off)
         lc = 1   # blocks per cluster sharing them
         ls = 0   # 1: split-major clusters (each block holds whole splits and stages only their part of x)
-        clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS} if decode else {}
+        clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in local_clusters()} if decode else {}
+        if local_cluster is not None and local_cluster > 1 and decode:  # a forced size, also one the plans skip
+            clusters[local_cluster] = lib.clusters.get((dt, v, int(nested), local_cluster), 0)
         if decode and local is not False and splits is None:
             s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
             lp = local_plan(n, k, sms * occ, per_block, s, per, clusters if local_cluster is None else
@@ -436,6 +454,14 @@ class Prepared:
             xs = 0
         if not lib.xs or (s - 1) * per >= -(-k // SLICE) or not staging_on():
             xs = 0
+        # x too large to stage whole, global split-K with one item per warp: split-major items (gemv_mma.cu
+        # Params.gsplit), so that each block stages only the one or two splits its warps take
+        gs = 0
+        if (decode and tpb == 0 and xh == 0 and s > 1 and m <= 2 and k % SLICE == 0 and lib.xs and staging_on()
+                and (s - 1) * per < -(-k // SLICE) and tiles * s <= sms * occ * per_block and global_split_staging()):
+            span = min(s, 1 + -(-(per_block - 1) // tiles))
+            if m * 2 * span * per <= LOCAL_HOLES:
+                xs, gs = m * 2 * span * per, 1
         if s < 1 or (s > 1 and tpb == 0 and (counters is None or tiles > _COUNTERS)):
             raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
         items = -(-n // rows) * s
@@ -459,7 +485,7 @@ class Prepared:
             counters=counters.data_ptr() if counters is not None else None,
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
             code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
-            local=tpb * s, lcluster=lc, xs=xs, lsplit=ls if tpb else 0,
+            local=tpb * s, lcluster=lc, xs=xs, lsplit=ls if tpb else 0, gsplit=gs,
         )
         self.local = tpb > 0
 
