@@ -1,6 +1,6 @@
 """Decode kernel (M = 1) on the large weights: time per split-K choice and % of the NF4 byte floor, for the
 build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE_M = x rows (default 1; 3-32 take
-the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / model / big / small. S = 0: the default
+the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / model / big / small / regx. S = 0: the default
 plan (with the block-local split-K where gemv_mma.local_plan takes it), g: the default plan with the global settle,
 w: the 20-warp decode kernel's default plan (block-local where it takes it), n: the same for the 16-warp (variant 0)
 kernel, else S splits (global settle).
@@ -37,7 +37,9 @@ SETS = {"large": LARGE, "mid": MID, "all": LARGE + MID, "gateup": GATE_UP, "ever
         "model": LARGE + MID + GATE_UP + GEMMA_BIG,  # every model weight of >= 11 MB the decode kernels take
         "big": [(5120, 25600), (25600, 5120), (28672, 8192), (21504, 5376)] + GEMMA_BIG,
         # the split small-weight kernel's weights at M = 1 (Gemma q / o, the k/v projections)
-        "small": [(4096, 5376), (5376, 4096), (1024, 8192), (1024, 5120), (2048, 5376)]}
+        "small": [(4096, 5376), (5376, 4096), (1024, 8192), (1024, 5120), (2048, 5376)],
+        # the weights whose x is too large to stage whole at M = 2 (K > 5632): Llama q+o / down, Qwen / Gemma down
+        "regx": [(8192, 8192), (5120, 25600), (8192, 28672), (5376, 21504)]}
 if os.environ.get("FASTNF4_PROBE_EMPTY"):  # the graph time of a one-element fill: a kernel launch alone
     tiny = torch.zeros(1, device="cuda")
     print(f"one-element fill {time_graph([lambda: tiny.fill_(1.0)])['median_us']:6.2f} us", flush=True)

@@ -180,7 +180,23 @@ def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> boo
     if m > 2 or n * k <= WIDE_MAX_ELEMS:
         return False
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
-    return local_plan(n, k, blocks, block_warps, s, per, holes=LOCAL_HOLES - x_holes(m, k)) is None
+    # (since session 24 not where the 16-warp global plan stages x split-major: Gemma down at M = 2 26.85 us against
+    # 28.0 on 20 warps, results/h200-probe-decode-regx.txt)
+    return (local_plan(n, k, blocks, block_warps, s, per, holes=LOCAL_HOLES - x_holes(m, k)) is None
+            and not global_split_holes(m, n, k, blocks * block_warps, block_warps, s, per))
+
+
+def global_split_holes(m: int, n: int, k: int, warps: int, block_warps: int, s: int, per: int) -> int:
+    """Holes of staged x for the global split-K plan (``s`` parts of ``per`` slices) on ``warps`` warps in blocks of
+    ``block_warps``, taken split-major (gemv_mma.cu Params.gsplit): x too large to stage whole, every item on its own
+    warp; each block stages the one or two splits its warps take (more where the tiles are fewer than its warps).
+    0 where it does not apply (FASTNF4_GEMV_GSPLIT=0: the A / B switch)."""
+    slices, tiles = -(-k // SLICE), -(-n // 16)
+    if (m > 2 or k % SLICE or x_holes(m, k) or s < 2 or (s - 1) * per >= slices or tiles * s > warps
+            or not staging_on() or not global_split_staging()):
+        return 0
+    h = m * 2 * min(s, 1 + -(-(block_warps - 1) // tiles)) * per
+    return h if h <= LOCAL_HOLES else 0
 
 
 # At M = 1 (with the staged x of session 21) the two decode kernels are picked by ``decode_cost``: their plan's slices
@@ -207,7 +223,8 @@ def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters:
         rounds = -(-tiles // (local_groups(blocks, c, clusters or {}) * tpb))
         return rounds * (p + ITEM_COST) * block_warps * (STAGED_X_GAIN if ls else 1.0)
     rounds = -(-tiles * s // (blocks * block_warps))
-    return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0)
+    gain = STAGED_X_GAIN if global_split_holes(m, n, k, blocks * block_warps, block_warps, s, per) else 1.0
+    return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0) * gain
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
@@ -457,11 +474,10 @@ class Prepared:
         # x too large to stage whole, global split-K with one item per warp: split-major items (gemv_mma.cu
         # Params.gsplit), so that each block stages only the one or two splits its warps take
         gs = 0
-        if (decode and tpb == 0 and xh == 0 and s > 1 and m <= 2 and k % SLICE == 0 and lib.xs and staging_on()
-                and (s - 1) * per < -(-k // SLICE) and tiles * s <= sms * occ * per_block and global_split_staging()):
-            span = min(s, 1 + -(-(per_block - 1) // tiles))
-            if m * 2 * span * per <= LOCAL_HOLES:
-                xs, gs = m * 2 * span * per, 1
+        if decode and tpb == 0 and lib.xs:
+            gh = global_split_holes(m, n, k, sms * occ * per_block, per_block, s, per)
+            if gh:
+                xs, gs = gh, 1
         if s < 1 or (s > 1 and tpb == 0 and (counters is None or tiles > _COUNTERS)):
             raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
         items = -(-n // rows) * s
