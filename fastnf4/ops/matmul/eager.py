@@ -101,7 +101,7 @@ def prepare(x2d: torch.Tensor, args: tuple):
     """The launch for x2d's M, dtype and device and the ``fastnf4::linear`` arguments ``args``: check the call as
     the op contract does (raises on bad input exactly as the full path would), pick the path as the dispatcher
     does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``wgmma.Prepared`` (M > 2) or a ``DequantMatmul``
-    (M > 32) or ``None`` (any other path).
+    (any M) or ``None`` (any other path).
     Shared by ``try_linear`` and the bitsandbytes patch."""
     from ... import _ops
     from . import dispatch, gemv_mma
@@ -113,8 +113,8 @@ def prepare(x2d: torch.Tensor, args: tuple):
         return gemv_mma.Prepared(x2d, *args)
     if path == "wgmma":
         return WgmmaPrepared(*args)
-    if path == "dequant+matmul" and x2d.shape[0] > MAX_M:
-        return DequantMatmul(x2d.dtype, *args)
+    if path == "dequant+matmul":  # (at M <= 32 too since session 24: the k+v projections at M 3-32 take it, and the
+        return DequantMatmul(x2d.dtype, *args)  # full path's host cost, ~120 us a call on the H200, was 8x this one's)
     return None
 
 
@@ -128,7 +128,8 @@ def run(prepared, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.T
 
 
 class DequantMatmul:
-    """Prefill (M > 32): fastnf4 dequantize into a fresh buffer, then cuBLAS, with the dequantize launch
+    """Dequantize + cuBLAS (prefill, and the small weights at M 3-32): fastnf4 dequantize into a fresh buffer, then
+    cuBLAS, with the dequantize launch
     prepared once (``dequantize.kernel.Prepared`` with the compiled kernel's own runner; once that runner is in
     use, ``holds_tensors`` is False: the launch keeps only addresses)."""
 
