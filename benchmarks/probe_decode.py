@@ -3,7 +3,7 @@ build selected by FASTNF4_NVCC_FLAGS (diagnostic macros included); FASTNF4_PROBE
 the GEMM kernel); FASTNF4_PROBE_SET = large (default) / mid / all / gateup / every / model / big / small / regx. S = 0: the default
 plan (with the block-local split-K where gemv_mma.local_plan takes it), g: the default plan with the global settle,
 w: the 20-warp decode kernel's default plan (block-local where it takes it), n: the same for the 16-warp (variant 0)
-kernel, else S splits (global settle).
+kernel, sm / sp: the small-weight / split small-weight kernels (M <= 2), else S splits (global settle).
 FASTNF4_PROBE_SRC = another gemv_mma.cu to build instead (same Params; it must not be given "0" plans that need the
 block-local split-K it may lack: use g). FASTNF4_PROBE_EMPTY=1 first times a one-element fill (a launch alone).
 FASTNF4_PROBE_NESTED=0 quantizes without double quant (float32 absmax). FASTNF4_PROBE_PLAN=1 adds the plan taken:
@@ -25,7 +25,7 @@ if os.environ.get("FASTNF4_PROBE_SRC"):
     gemv_mma.SOURCE = os.environ["FASTNF4_PROBE_SRC"]  # before the first load (gemv_mma._lib_for is cached)
     gemv_mma.LOCAL_CLUSTERS = ()  # (an older build has no cluster form of the block-local split-K)
 bw = copy_bandwidth(2**30)["GBps"]
-splits = [a if a in ("g", "w", "n") else int(a) for a in sys.argv[1:]] or [0]
+splits = [a if a in ("g", "w", "n", "sm", "sp") else int(a) for a in sys.argv[1:]] or [0]
 LARGE = [(57344, 8192), (8192, 28672), (10240, 8192), (51200, 5120), (5120, 25600)]
 # Llama q+o, Qwen q / o, Gemma qkv / q, Qwen gate+up (21-68 MB packed)
 MID = [(8192, 8192), (8192, 5120), (5120, 8192), (8192, 5376), (4096, 5376), (25600, 5120)]
@@ -60,9 +60,9 @@ for n, k in SETS[os.environ.get("FASTNF4_PROBE_SET", "large")]:
     slices = -(-k // 128)
     line = f"{n:5d}x{k:5d} floor {floor:5.1f} M {m}:"
     for s in splits:
-        sp = None if s in (0, "g", "w", "n") else (s, -(-slices // s))
+        sp = None if s in (0, "g", "w", "n", "sm", "sp") else (s, -(-slices // s))
         local = False if s == "g" else None
-        kernel = gemv_mma.DECODE_WIDE if s == "w" else 0 if s == "n" else None
+        kernel = {"w": gemv_mma.DECODE_WIDE, "n": 0, "sm": gemv_mma.SMALL, "sp": gemv_mma.SPLIT}.get(s)
         t = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]), splits=sp, local=local, kernel=kernel)
                         for i in range(reps)])
         line += f" s{s} {t['median_us']:6.1f} ({100 * floor / t['median_us']:3.0f}%)"

@@ -350,9 +350,9 @@ def test_small_weight_kernel_matches_model(n, k, blocksize, nested, dtype, kerne
     torch.manual_seed(n + k + blocksize + 1)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
                          double_quant=nested)
-    for m in (1, 2):
-        if kernel == gemv_mma.SPLIT and m == 2:
-            with pytest.raises(ValueError, match="takes M = 1"):
+    for m in (1, 2, 3):
+        if m == 3:  # (both take M <= 2 only)
+            with pytest.raises(ValueError, match="small-weight kernel"):
                 gemv_mma.launch(torch.randn(m, k, device="cuda", dtype=dtype), *linear_args(q), kernel=kernel)
             continue
         if not gemv_mma.small_fits(m, k, 2):
@@ -370,7 +370,8 @@ def test_small_weight_kernel_matches_model(n, k, blocksize, nested, dtype, kerne
 
 
 @pytest.mark.parametrize("n, k", [(1000, 4128), (3000, 5376), (4096, 4096), (1024, 8192)])
-@pytest.mark.parametrize("m, kernel", [(1, gemv_mma.SMALL), (2, gemv_mma.SMALL), (1, gemv_mma.SPLIT)])
+@pytest.mark.parametrize("m, kernel", [(1, gemv_mma.SMALL), (2, gemv_mma.SMALL), (1, gemv_mma.SPLIT),
+                                      (2, gemv_mma.SPLIT)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_small_weight_kernel_error_budget(n, k, m, kernel, dtype):
     torch.manual_seed(n * m + 7)

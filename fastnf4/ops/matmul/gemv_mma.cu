@@ -1541,7 +1541,7 @@ __global__ void __launch_bounds__(small::kThreads) gemv_small(const __grid_const
   }
 }
 
-// M = 1 small-weight kernel (variant 6): like the small-weight kernel but with more, smaller pieces per row, so
+// M = 1 (and 2) small-weight kernel (variant 6): like the small-weight kernel but with more, smaller pieces per row, so
 // that a launch has every SM busy with several loads in flight per lane. A block takes 8 weight
 // rows at a time: its warps form 4 groups of 2 rows, and the 2 warps of a group split K (kParts): lane l of part
 // t takes the 16-byte chunks (32 codes) 32 (2 j + t) + l of both rows. All of a lane's chunks of one round
@@ -1553,33 +1553,36 @@ __global__ void __launch_bounds__(small::kThreads) gemv_small(const __grid_const
 namespace split {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kXBytes = 32 * 1024;  // x as T: K * sizeof(T) must fit (the host checks)
+constexpr int kXBytes = 32 * 1024;  // x as T: M * K * sizeof(T) must fit (the host checks)
 constexpr int kParts = 2;           // warps per row group, splitting K
 constexpr int kRows = 2;            // weight rows per warp
 constexpr int kGroup = 4;           // chunks per lane and row loaded before any is used
 constexpr int kBlockRows = kWarps / kParts * kRows;
 }  // namespace split
 
-template <typename T, bool kNested>
-__global__ void __launch_bounds__(split::kThreads, 3) gemv_split(const __grid_constant__ Params p) {
+template <typename T, bool kNested, int kM = 1>
+__global__ void __launch_bounds__(split::kThreads, kM == 1 ? 3 : 2) gemv_split(const __grid_constant__ Params p) {
   using namespace split;
+  static_assert(kM == 1 || kM == 2, "x rows: 1 or 2");
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float code[16];
   __shared__ float nested_code[kNested ? 256 : 1];
-  __shared__ float red[kWarps][kRows];  // [warp][weight row] partial sums
+  __shared__ float red[kWarps][kM * kRows];  // [warp][x row x weight row] partial sums
   pdl_wait();
   const int K = static_cast<int>(p.K);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int group = warp / kParts, part = warp % kParts;
   const int chunks = K >> 5;  // 32 codes = 16 bytes each
   const int log2_bs = __ffsll(p.blocksize) - 1;
-  const uint32_t* xs = reinterpret_cast<const uint32_t*>(smem);  // pairs of T
+  const uint32_t* xs = reinterpret_cast<const uint32_t*>(smem);  // pairs of T; x row m from xs + m K / 2
   bool staged = false;
   for (long long rb = blockIdx.x; rb * kBlockRows < p.N; rb += gridDim.x) {  // uniform over the block
     const long long row0 = rb * kBlockRows + group * kRows;
-    float acc[kRows];
+    float acc[kM][kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[m][r] = 0.f;
     for (int r0 = 0; r0 < chunks; r0 += 32 * kParts * kGroup) {  // rounds: uniform over the block
       const int base = r0 + 32 * part + lane;
       uint4 w[kRows][kGroup];
@@ -1613,7 +1616,7 @@ __global__ void __launch_bounds__(split::kThreads, 3) gemv_split(const __grid_co
         staged = true;
         if (threadIdx.x < 16) code[threadIdx.x] = __ldg(p.code + threadIdx.x);
         if constexpr (kNested) nested_code[threadIdx.x] = __ldg(p.nested_code + threadIdx.x);  // kThreads == 256
-        const int xbytes = K * static_cast<int>(sizeof(T));  // a multiple of 64 (K % 32 == 0)
+        const int xbytes = kM * K * static_cast<int>(sizeof(T));  // a multiple of 64 (K % 32 == 0)
         const uint8_t* xg = reinterpret_cast<const uint8_t*>(p.x);
         for (int i = 16 * threadIdx.x; i < xbytes; i += 16 * kThreads) {
           *reinterpret_cast<uint4*>(smem + i) = __ldg(reinterpret_cast<const uint4*>(xg + i));
@@ -1632,45 +1635,61 @@ __global__ void __launch_bounds__(split::kThreads, 3) gemv_split(const __grid_co
           // nested: as bitsandbytes' two steps, the product rounded, then the sum (no FMA)
           am[r] = kNested ? __fadd_rn(__fmul_rn(nested_code[q[r][g]], s2[r][g]), offset) : __uint_as_float(q[r][g]);
         }
-        const uint4* xc = reinterpret_cast<const uint4*>(xs + 16 * c);  // the 32 x values of chunk c
-        float s[kRows];
+        float s[kM][kRows];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) s[r] = 0.f;
+        for (int m = 0; m < kM; ++m)
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) s[m][r] = 0.f;
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
-          const uint4 xv = xc[h];  // 8 x values: the 4 bytes of word h (hi nibble first in each byte)
-          const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+          uint32_t xw[kM][4];  // 8 x values of each row: the 4 bytes of word h (hi nibble first in each byte)
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {  // the 32 x values of chunk c
+            const uint4 xv = reinterpret_cast<const uint4*>(xs + m * (K >> 1) + 16 * c)[h];
+            xw[m][0] = xv.x, xw[m][1] = xv.y, xw[m][2] = xv.z, xw[m][3] = xv.w;
+          }
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            const float2 xf = x_pair<T>(xw[b]);
+            float2 xf[kM];
+#pragma unroll
+            for (int m = 0; m < kM; ++m) xf[m] = x_pair<T>(xw[m][b]);
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
               const uint32_t word = h == 0 ? w[r][g].x : h == 1 ? w[r][g].y : h == 2 ? w[r][g].z : w[r][g].w;
               const uint32_t byte = (word >> (8 * b)) & 0xffu;
-              s[r] = fmaf(code[byte >> 4], xf.x, s[r]);
-              s[r] = fmaf(code[byte & 15u], xf.y, s[r]);
+              const float hi = code[byte >> 4], lo = code[byte & 15u];
+#pragma unroll
+              for (int m = 0; m < kM; ++m) {
+                s[m][r] = fmaf(hi, xf[m].x, s[m][r]);
+                s[m][r] = fmaf(lo, xf[m].y, s[m][r]);
+              }
             }
           }
         }
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] = fmaf(am[r], s[r], acc[r]);
+        for (int m = 0; m < kM; ++m)
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[m][r] = fmaf(am[r], s[m][r], acc[m][r]);
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float v = acc[r];
+    for (int m = 0; m < kM; ++m)
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) red[warp][r] = v;
-    }
+      for (int r = 0; r < kRows; ++r) {
+        float v = acc[m][r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[warp][m * kRows + r] = v;
+      }
     __syncthreads();
-    if (part == 0 && lane < kRows) {  // the parts of a row added in a fixed order
-      const long long row = row0 + lane;
+    if (part == 0 && lane < kM * kRows) {  // the parts of a row added in a fixed order
+      const int m = lane / kRows;
+      const long long row = row0 + lane % kRows;
       if (row < p.N) {
         float v = 0.f;
 #pragma unroll
         for (int t = 0; t < kParts; ++t) v += red[group * kParts + t][lane];
-        Pair<T>::store(p.y, row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+        Pair<T>::store(p.y, m * p.N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
       }
     }
     __syncthreads();  // red is reused by the next row block
@@ -1731,6 +1750,13 @@ void* kernel_for(int dtype, int variant, int nested, int local = 0, bool xs = fa
   }
   if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(variant) : pick<__nv_bfloat16, false>(variant);
   return nested ? pick<__half, true>(variant) : pick<__half, false>(variant);
+}
+
+// the M = 2 build of the split small-weight kernel (variant 6 takes M = 1 or 2; its launch picks by M)
+void* split_m2(int dtype, int nested) {
+  if (dtype == 0)
+    return nested ? (void*)gemv_split<__nv_bfloat16, true, 2> : (void*)gemv_split<__nv_bfloat16, false, 2>;
+  return nested ? (void*)gemv_split<__half, true, 2> : (void*)gemv_split<__half, false, 2>;
 }
 
 int threads_for(int variant) {
@@ -1845,7 +1871,9 @@ int fastnf4_gemv_mma_params_size() { return (int)sizeof(Params); }
 // dtype 0 = bf16, 1 = fp16; pdl = launch with programmatic stream serialization (sm_90+); returns a cudaError_t.
 int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int grid, cudaStream_t stream, int pdl) {
   const int build = p->local <= 0 ? (p->gsplit ? 3 : 0) : p->lcluster > 1 ? 2 : 1;
-  void* f = fastnf4_mma::kernel_for(dtype, variant, nested, build, p->xs > 0);
+  void* f = variant == 6 && p->M == 2 ? fastnf4_mma::split_m2(dtype, nested)
+                                      : fastnf4_mma::kernel_for(dtype, variant, nested, build, p->xs > 0);
+  if (variant == 6 && (p->M < 1 || p->M > 2)) return (int)cudaErrorInvalidValue;
   // split-major clusters: every block holds whole splits (tpb tiles x S parts = lcluster x warps)
   const long long kw = fastnf4_mma::threads_for(variant) / 32;
   const bool lsplit = p->lsplit != 0;

@@ -106,7 +106,7 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
 
 VARIANTS = (0, 1, 2, 3, 4, 5, 6)
 SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
-SPLIT = 6  # the M = 1 small-weight kernel (CUDA cores, rows split over warp pairs; gemv_split in gemv_mma.cu)
+SPLIT = 6  # the M <= 2 small-weight kernel (CUDA cores, rows split over warp pairs; gemv_split in gemv_mma.cu)
 DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block instead of 16 x 6
 # M = 1 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE. H200, session 13 (NOTES.md; probe_decode.py,
 # probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
@@ -122,7 +122,11 @@ SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXB
 # timing): it won on every k/v projection at M = 1 (Llama 8.6 vs 11.9 us for the tensor-core kernel, bitsandbytes
 # 12.0; Qwen 6.8 vs 11.2 / 8.2; Gemma 2048x5376 9.3 vs 11.7 / 10.5; the split kernel below has taken M = 1 since)
 # and on Llama / Qwen k/v at M = 2, and lost from Gemma q/o (4096x5376, 11 MB: 16.8 vs 13.8 us) up: its lookups and
-# x reads go through shared memory per code, the fixed costs it saves only matter below ~6 MB.
+# x reads go through shared memory per code, the fixed costs it saves only matter below ~6 MB. Since session 24 the
+# split kernel (below) takes these at M = 2 too (its M = 2 build: both x rows per lookup): Llama k+v 10.9 -> 7.0 us,
+# Qwen k+v 8.1 -> 5.5 (probe_decode.py sm sp, FASTNF4_PROBE_SET=small, two rounds equal; results/
+# h200-probe-decode-split-m2.txt); Gemma k+v (11M) stays on the 20-warp decode kernel (7.4 against 8.6 split), as do
+# Gemma q / o (9.1 / 11.4 against 14.5 / 15.3).
 SMALL_MAX_ELEMS = 9 * 2**20
 # At M = 1 the split kernel takes the weights of at most this many elements instead (x staged the same way). H200
 # (benchmarks/probe_gemv_split.py, graph timing; its configuration 2 warps x 2 rows x 4 chunks per row and round was
@@ -147,13 +151,14 @@ def small_fits(m: int, k: int, elem_bytes: int) -> bool:
 
 
 def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
-    """The variant a call takes by its size: the split small-weight kernel for small weights at M = 1, the
-    small-weight kernel for small weights at M = 2, the 20-warp decode kernel for mid-size weights at M <= 2, else
-    ``variant(m)`` (``Prepared`` may still move a large weight at M <= 2 to the 20-warp kernel: ``wide_above_max``)."""
+    """The variant a call takes by its size: the split small-weight kernel for small weights at M = 1 and the
+    smallest at M = 2, the 20-warp decode kernel for mid-size weights at M <= 2, else ``variant(m)`` (``Prepared`` may
+    still move a large weight at M <= 2 to the 20-warp kernel: ``wide_above_max``). The one-warp-per-row
+    small-weight kernel (SMALL) is no longer chosen by size (session 24); it stays for forced calls."""
     if m == 1 and n * k <= SPLIT_MAX_ELEMS and small_fits(m, k, elem_bytes):
         return SPLIT
     if m == 2 and n * k <= SMALL_MAX_ELEMS and small_fits(m, k, elem_bytes):
-        return SMALL
+        return SPLIT
     if m <= 2 and n * k <= WIDE_MAX_ELEMS:
         return DECODE_WIDE
     return variant(m)
@@ -413,8 +418,8 @@ class Prepared:
                 v = 0 if costs[0] <= costs[DECODE_WIDE] else DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
-        if v == SPLIT and m != 1:
-            raise ValueError("gemv_mma: the split small-weight kernel takes M = 1")
+        if v == SPLIT and m > 2:
+            raise ValueError("gemv_mma: the split small-weight kernel takes M = 1 or 2")
         if v in (SMALL, SPLIT):
             if not small_fits(m, k, x2d.element_size()):
                 raise ValueError(f"gemv_mma: the small-weight kernel takes M <= 2 and M * K <= {SMALL_X_BYTES // 2}")
