@@ -13,7 +13,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | N >= 8192 (M <= 32): ``MMA_RULES``; at M = 1 the                |
 |                           | weights of <= 24M elements (k/v, Gemma o) take its CUDA-core    |
 |                           | split small-weight kernel (``gemv_mma.SPLIT_MAX_ELEMS``), at    |
-|                           | M = 2 those of <= 9M its small-weight kernel                    |
+|                           | M = 2 those of <= 9M its two-row build                          |
 |                           | (``gemv_mma.SMALL_MAX_ELEMS``), and at M <= 2 those of <= 96M   |
 |                           | elements (and larger ones, ``gemv_mma.wide_above_max``) its     |
 |                           | decode kernel with 20 warps x 4 stages (``WIDE_MAX_ELEMS``);    |
