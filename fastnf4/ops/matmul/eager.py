@@ -113,8 +113,10 @@ def prepare(x2d: torch.Tensor, args: tuple):
         return gemv_mma.Prepared(x2d, *args)
     if path == "wgmma":
         return WgmmaPrepared(*args)
-    if path == "dequant+matmul":  # (at M <= 32 too since session 24: the k+v projections at M 3-32 take it, and the
-        return DequantMatmul(x2d.dtype, *args)  # full path's host cost, ~120 us a call on the H200, was 8x this one's)
+    # (at M <= 32 too since session 24: the k+v projections at M 3-32 take this path, and the full path's host cost
+    # there, ~120 us a call on the H200, was 8x that of the prepared launches: benchmarks/probe_eager_m.py)
+    if path == "dequant+matmul":
+        return DequantMatmul(x2d.dtype, *args)
     return None
 
 
@@ -129,9 +131,8 @@ def run(prepared, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.T
 
 class DequantMatmul:
     """Dequantize + cuBLAS (prefill, and the small weights at M 3-32): fastnf4 dequantize into a fresh buffer, then
-    cuBLAS, with the dequantize launch
-    prepared once (``dequantize.kernel.Prepared`` with the compiled kernel's own runner; once that runner is in
-    use, ``holds_tensors`` is False: the launch keeps only addresses)."""
+    cuBLAS, with the dequantize launch prepared once (``dequantize.kernel.Prepared`` with the compiled kernel's own
+    runner; once that runner is in use, ``holds_tensors`` is False: the launch keeps only addresses)."""
 
     __slots__ = ("dq", "n", "k", "dtype")
 

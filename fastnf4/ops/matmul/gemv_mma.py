@@ -296,6 +296,8 @@ def local_clusters() -> tuple[int, ...]:
     if env is None:
         return LOCAL_CLUSTERS
     return tuple(int(c) for c in env.split(",") if c.strip())
+
+
 ITEM_COST = 1
 
 
