@@ -292,60 +292,6 @@ def test_split_major_global_plans_stage_their_part_of_x(n, k, monkeypatch):
     assert tried >= 6
 
 
-@pytest.mark.parametrize("n, k", [(17, 4128), (1000, 4128), (3000, 5376), (40000, 1536), (1000, 16384)])
-def test_carried_split_k_equals_the_global_settle(n, k, monkeypatch):
-    """M = 1 global split-K of the decode kernels with the partials carried by 128-bit compare-and-swap (gemv_mma.cu
-    carry_put: S = 2-4 in one slot, 5-7 through a second) gives the bits of the settle through stored partials and
-    counters (FASTNF4_GEMV_CARRY=0) for the same plan, with and without bias, both decode kernels, N not a multiple
-    of 16 (17, 1000 rows), many items per warp (40000 rows), split-major staged x (K = 16384); S = 8 is not carried.
-    Fresh data, outputs poisoned; every slot is empty again after each launch (the next launch relies on it), a NaN in
-    x gives NaN rows in both forms, a CUDA graph replays the same bits, and the arithmetic model holds."""
-    if not gemv_mma._lib_for(torch.cuda.current_device()).carry:
-        pytest.skip("no carried split-K on this GPU (sm_90+)")
-    torch.manual_seed(n + k)
-    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64, double_quant=True)
-    slices = -(-k // 128)
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    carried = 0
-    for b in (bias, None):
-        ref = _model(q, x, b)
-        tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
-        for kernel in (0, gemv_mma.DECODE_WIDE):
-            for s in (2, 3, 4, 5, 6, 7, 8):
-                per = -(-slices // s)
-                if -(-slices // per) != s:
-                    continue
-                ys = []
-                for carry in ("1", "0"):
-                    monkeypatch.setenv("FASTNF4_GEMV_CARRY", carry)
-                    p = gemv_mma.Prepared(x, *linear_args(q, b), splits=(s, per), kernel=kernel, local=False)
-                    assert p.carry == (carry == "1" and s <= 7)
-                    carried += p.carry
-                    for _ in range(2):  # twice: the first launch left its slots empty for the second
-                        ys.append(p(x, torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)))
-                    if p.carry:
-                        assert (gemv_mma._slots[torch.cuda.current_device()] == -1).all()
-                assert torch.isfinite(ys[0]).all(), (kernel, s)
-                assert all(torch.equal(ys[0], y) for y in ys[1:]), (kernel, s)
-                assert ((ys[0].double() - ref).abs() <= tol).all(), (kernel, s)
-    assert carried >= 8
-    monkeypatch.setenv("FASTNF4_GEMV_CARRY", "1")
-    p = gemv_mma.Prepared(x, *linear_args(q, bias), splits=(3, -(-slices // 3)), kernel=0, local=False)
-    assert p.carry
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        yg = p(x)
-    yg.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(yg, p(x))
-    xn = x.clone()
-    xn[0, k // 2] = float("nan")
-    assert torch.isnan(p(xn)).all()
-    assert (gemv_mma._slots[torch.cuda.current_device()] == -1).all()
-
-
 def test_block_local_split_k_refuses_what_it_cannot_do():
     """Forcing the block-local split-K where it does not apply is an error that names it, not a wrong result: the
     GEMM kernel (M > 2), more parts than the block has warps, more rounds than its partial-sum slots."""

@@ -64,7 +64,6 @@ struct Params {
   long long xs;                // decode kernel: > 0 = x staged in the table's top xs holes (see gemv_mma_pipe), else 0
   long long lsplit;            // with local and lcluster > 1: 1 = the cluster's warps split-major (see gemv_mma_pipe)
   long long gsplit;            // global settle, one item per warp: 1 = split-major items (see gemv_mma_pipe)
-  uint32_t* slots;             // decode kernels, M = 1, 2 <= S <= 7: partials carried by atomics (carry_put), else null
 };
 
 // bf16 / fp16 element access; every float -> T conversion rounds to nearest even (the types' constructors).
@@ -165,81 +164,6 @@ __device__ __forceinline__ void sum_tile(const Params& p, long long tile, int la
   }
 }
 
-// Split-K by carried partials (decode kernels, M = 1, 2 <= S <= 7; Params::slots non-null): each partial travels in
-// a 128-bit compare-and-swap into its row's slot instead of a store, a fence and a counter arrival, and the
-// arrival that completes a row gets the others' partials back in the same atomic: one L2 round trip on the last
-// worker's path instead of four (fence, counter, partial loads, which were two rounds at S > 4). Row r owns
-// 8 words at slots + 8 r: slot A (words 0-3) holds splits 0-3, slot B (words 4-7) splits 4-6 in its words 0-2
-// and, in word 3, the sum of slot A's four, deposited by whoever completed A. Empty words hold 0xffffffff, a NaN
-// that the partial sums never are (NaN sums are made the canonical 0x7fffffff first); the completing worker writes
-// the slot back empty (read by the next launch only, after this kernel). Sums run in split order from 0.f, as
-// sum_tile's, so results are bitwise those of the global settle.
-__device__ __forceinline__ void cas128(uint32_t* a, const uint32_t (&e)[4], const uint32_t (&n)[4], uint32_t (&o)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned long long e0 = e[0] | (unsigned long long)e[1] << 32, e1 = e[2] | (unsigned long long)e[3] << 32;
-  const unsigned long long n0 = n[0] | (unsigned long long)n[1] << 32, n1 = n[2] | (unsigned long long)n[3] << 32;
-  unsigned long long o0, o1;
-  asm volatile("{\n.reg .b128 e, n, d;\nmov.b128 e, {%2, %3};\nmov.b128 n, {%4, %5};\n"
-               "atom.relaxed.gpu.global.cas.b128 d, [%6], e, n;\nmov.b128 {%0, %1}, d;\n}\n"
-               : "=l"(o0), "=l"(o1) : "l"(e0), "l"(e1), "l"(n0), "l"(n1), "l"(a) : "memory");
-  o[0] = static_cast<uint32_t>(o0), o[1] = static_cast<uint32_t>(o0 >> 32);
-  o[2] = static_cast<uint32_t>(o1), o[3] = static_cast<uint32_t>(o1 >> 32);
-#else
-  __trap();  // (the host passes slots on sm_90+ only)
-#endif
-}
-
-// Word j of the 4-word slot at a becomes v, unless the words of ``need`` other than j are all there: then w gets them
-// (and v as word j), the slot is written back empty and true is returned (this worker completes the slot).
-__device__ __forceinline__ bool carry_slot(uint32_t* a, int j, float v, unsigned need, uint32_t (&w)[4]) {
-  const uint32_t vb = v != v ? 0x7fffffffu : __float_as_uint(v);
-  uint32_t e[4] = {~0u, ~0u, ~0u, ~0u};
-  for (;;) {
-    unsigned have = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) have |= e[i] != ~0u ? 1u << i : 0u;
-    if ((have | 1u << j) == need) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) w[i] = i == j ? vb : e[i];
-      __stcg(reinterpret_cast<uint4*>(a), make_uint4(~0u, ~0u, ~0u, ~0u));
-      return true;
-    }
-    uint32_t n[4], o[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) n[i] = i == j ? vb : e[i];
-    cas128(a, e, n, o);
-    if (o[0] == e[0] && o[1] == e[1] && o[2] == e[2] && o[3] == e[3]) return false;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) e[i] = o[i];
-  }
-}
-
-// Partial v of split ``split`` for row ``row`` (x row 0) into the row's slots; the worker that completes them stores y.
-template <typename T>
-__device__ __forceinline__ void carry_put(const Params& p, long long split, long long row, float v) {
-  if (row >= p.N) return;
-  const int S = static_cast<int>(p.splits);
-  uint32_t* a = p.slots + 8 * row;
-  uint32_t w[4];
-  int count = S;  // words 0 .. count - 1 of w are added to ``acc``
-  float acc = 0.f;
-  if (split < 4) {
-    if (!carry_slot(a, static_cast<int>(split), v, S < 4 ? (1u << S) - 1 : 15u, w)) return;
-    if (S > 4) {  // slot A is complete: its sum goes on to slot B's word 3
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc += __uint_as_float(w[i]);
-      if (!carry_slot(a + 4, 3, acc, (1u << (S - 4)) - 1 | 8u, w)) return;
-      acc = __uint_as_float(w[3]), count = S - 4;
-    }
-  } else {
-    if (!carry_slot(a + 4, static_cast<int>(split) - 4, v, (1u << (S - 4)) - 1 | 8u, w)) return;
-    acc = __uint_as_float(w[3]), count = S - 4;
-  }
-  for (int i = 0; i < count; ++i) acc += __uint_as_float(w[i]);
-  if (p.bias) acc += Pair<T>::load(p.bias, row);
-  Pair<T>::store(p.y, row, acc);
-}
-
 // Split-K end of a worker (a warp of the decode kernel, a block's warp of the GEMM kernel), once all of its
 // work items have written their partial sums: one fence, then one arrival per item (an atomic counter per
 // 16-row tile; lane i takes the worker's item i, so the atomics are in flight together), and the worker
@@ -251,7 +175,7 @@ template <typename T>
 __device__ __forceinline__ void settle_splits(const Params& p, long long first, long long stride, long long items,
                                               long long mult, long long add, int lane) {
   const long long splits = p.splits;
-  if (splits == 1 || p.slots) return;  // (slots: the partials were carried, see carry_put)
+  if (splits == 1) return;
   // Arrivals are acquire-release atomics after a warp barrier (release: cumulative over the partial sums the warp's
   // lanes wrote before the barrier; acquire: the arriving lane's, passed to the whole warp by a second warp barrier,
   // as CUTLASS's semaphore does with a block barrier), instead of a full fence per lane before the arrivals and
@@ -296,7 +220,7 @@ __device__ __forceinline__ void settle_splits(const Params& p, long long first, 
 // are partial sums, added up by ``settle_splits`` when the kernel ends.
 // With the block-local split-K (``slot_s`` != 0, M <= 2) they go to shared memory instead: 16 rows x 2 x rows of
 // float32 at slot_s (x row m, tile row r at + 4 (16 m + r)).
-template <typename T, int CG, bool kCarry = false>
+template <typename T, int CG>
 __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[CG][4], long long tile,
                                             long long split, int lane, uint32_t slot_s = 0) {
   const int g = lane >> 2, t = lane & 3;
@@ -306,9 +230,7 @@ __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[
     float vA = acc[c][0] + acc[c][1], vB = acc[c][2] + acc[c][3];
     vA += __shfl_xor_sync(0xffffffffu, vA, 1);
     vB += __shfl_xor_sync(0xffffffffu, vB, 1);
-    if (kCarry && CG == 1 && p.slots && slot_s == 0) {  // M = 1: x row 0 on lanes t = 0, 1 after the shuffle
-      if (c == 0 && t < 2) carry_put<T>(p, split, t == 0 ? rowA : rowA + 8, t == 0 ? vA : vB);
-    } else if ((t & 1) == 0) {
+    if ((t & 1) == 0) {
       if (slot_s != 0) {
         const uint32_t a = slot_s + 4u * (16 * (2 * c + (t >> 1)) + g);
         asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(vA) : "memory");
@@ -1194,7 +1116,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       finish_item<T, CG>(p, acc, cp.tile, cp.split, lane, holes_s + 256u * (round * C::kWarps + warp));
       ++round;
     } else {
-      finish_item<T, CG, kLocal == 0 || kLocal == 3>(p, acc, cp.tile, cp.split, lane);
+      finish_item<T, CG>(p, acc, cp.tile, cp.split, lane);
     }
 #pragma unroll
     for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
@@ -1951,14 +1873,6 @@ int fastnf4_gemv_mma_clusters(int dtype, int variant, int nested, int size) {
 }
 
 // Whether the decode kernels have the staged-x builds (Params::xs); 0 in A / B builds made without them.
-int fastnf4_gemv_mma_carry() {  // the decode kernels take Params::slots (sm_90+; FASTNF4_NO_CARRY: A / B builds without)
-#if defined(FASTNF4_NO_CARRY)
-  return 0;
-#else
-  return 1;
-#endif
-}
-
 int fastnf4_gemv_mma_xs() {
 #if defined(FASTNF4_NO_XS)
   return 0;

@@ -18,7 +18,6 @@ MAX_M = 32
 SLICE = 128
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 _COUNTERS = 1 << 16  # split-K semaphores per device: one per 16-row tile (N up to 1M rows)
-_SLOT_ROWS = 1 << 16  # carried split-K partials per device (gemv_mma.cu carry_put): 32 bytes per row, N up to 64K rows
 
 
 class Params(ctypes.Structure):
@@ -30,7 +29,7 @@ class Params(ctypes.Structure):
         ("splits", ctypes.c_longlong),
         ("slices_per_split", ctypes.c_longlong), ("code", ctypes.c_void_p), ("code_const", ctypes.c_longlong),
         ("local", ctypes.c_longlong), ("lcluster", ctypes.c_longlong), ("xs", ctypes.c_longlong),
-        ("lsplit", ctypes.c_longlong), ("gsplit", ctypes.c_longlong), ("slots", ctypes.c_void_p),
+        ("lsplit", ctypes.c_longlong), ("gsplit", ctypes.c_longlong),
     ]
 
 
@@ -56,9 +55,6 @@ class _Lib:
         # capture) never trigger lazy loading.
         self.occupancy = {(d, v, nested): lib.fastnf4_gemv_mma_occupancy(d, v, nested)
                           for d in (0, 1) for v in VARIANTS for nested in (0, 1)}
-        lib.fastnf4_gemv_mma_carry.restype = ctypes.c_int
-        # the decode kernels' carried split-K (a 128-bit compare-and-swap: sm_90+)
-        self.carry = bool(lib.fastnf4_gemv_mma_carry()) and torch.cuda.get_device_capability(index)[0] >= 9
         lib.fastnf4_gemv_mma_xs.restype = ctypes.c_int
         self.xs = bool(lib.fastnf4_gemv_mma_xs())  # the decode kernels have the staged-x builds (see x_holes)
         lib.fastnf4_gemv_mma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -89,25 +85,6 @@ def _counters_for(index: int) -> torch.Tensor | None:
         buf = torch.zeros(_COUNTERS, dtype=torch.int32, device=torch.device("cuda", index))
         _counters[index] = buf
     return buf
-
-
-_slots: dict[int, torch.Tensor] = {}
-
-
-def _slots_for(index: int) -> torch.Tensor | None:
-    buf = _slots.get(index)
-    if buf is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None  # (as _counters_for) the global settle instead
-        buf = torch.full((8 * _SLOT_ROWS,), -1, dtype=torch.int32, device=torch.device("cuda", index))  # all empty
-        _slots[index] = buf
-    return buf
-
-
-def carry_on() -> bool:
-    """Whether global split-K plans of the decode kernels at M = 1 may carry their partials in atomics instead of
-    settling through stored partials and counters (FASTNF4_GEMV_CARRY=0 turns it off: the A / B switch)."""
-    return os.environ.get("FASTNF4_GEMV_CARRY", "1") != "0"
 
 
 def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k: int, nested: bool = False,
@@ -416,7 +393,7 @@ class Prepared:
     of ~25 us for working it all out again; ``ops/matmul/eager.py`` keeps these per weight)."""
 
     __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device", "pdl",
-                 "local", "carry")
+                 "local")
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
                  nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None,
@@ -511,9 +488,6 @@ class Prepared:
         if s < 1 or (s > 1 and tpb == 0 and (counters is None or tiles > _COUNTERS)):
             raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
         items = -(-n // rows) * s
-        # M = 1 global split-K of the decode kernels: the partials carried by atomics (gemv_mma.cu carry_put)
-        slots = (_slots_for(index) if decode and m == 1 and tpb == 0 and 2 <= s <= 7 and n <= _SLOT_ROWS
-                 and lib.carry and carry_on() else None)
         self.lib, self.index, self.m, self.n, self.dtype, self.dt, self.v = lib, index, m, n, x2d.dtype, dt, v
         self.nested, self.splits, self.device = int(nested), s, x2d.device
         # PDL for these kernels is opt-in (FASTNF4_PDL_MMA=1): back to back it saves ~0.7-1.5 us per call, but a
@@ -535,10 +509,8 @@ class Prepared:
             M=m, N=n, K=k, blocksize=blocksize, splits=s, slices_per_split=per,
             code=code.data_ptr(), code_const=int(bool(self.pdl) and codebooks.is_kernel_code(code)),  # PDL only
             local=tpb * s, lcluster=lc, xs=xs, lsplit=ls if tpb else 0, gsplit=gs,
-            slots=slots.data_ptr() if slots is not None else None,
         )
         self.local = tpb > 0
-        self.carry = slots is not None
 
     def __call__(self, x2d: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight; no checks here."""
@@ -548,7 +520,7 @@ class Prepared:
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
         p.x, p.y = x2d.data_ptr(), y.data_ptr()
         partial = None  # held until the launch is queued; the stream-ordered allocator keeps it for the kernel
-        if self.splits > 1 and not self.local and not self.carry:
+        if self.splits > 1 and not self.local:
             partial = torch.empty(self.splits, m, n, dtype=torch.float32, device=self.device)
             p.partial = partial.data_ptr()
         rc = self.lib.lib.fastnf4_gemv_mma(ctypes.byref(p), self.dt, self.v, self.nested, self.grid,
