@@ -1192,6 +1192,15 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     if constexpr (kLocal == 2) cluster_barrier();  // every block's partials stay readable until all have read them
     return;
   }
+#if defined(FASTNF4_DIAG_SETTLE_DELAY)  // diagnostic: every warp waits this many ns before its settle (or its exit)
+  {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < FASTNF4_DIAG_SETTLE_DELAY);
+  }
+#endif
 #ifndef FASTNF4_DIAG_NO_SETTLE
   settle_splits<T>(p, warp0, warps, tiles * splits, 1, 0, lane);
 #endif
