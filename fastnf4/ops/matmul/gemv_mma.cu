@@ -158,7 +158,9 @@ __device__ __forceinline__ void sum_tile(const Params& p, long long tile, int la
     const long long m = i / 16, row = tile * 16 + (i % 16);
     if (row >= N) continue;
     float v = 0.f;
+#if !defined(FASTNF4_DIAG_SETTLE_STORE_ONLY)
     for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
+#endif
     if (p.bias) v += Pair<T>::load(p.bias, row);
     Pair<T>::store(p.y, m * N + row, v);
   }
@@ -193,9 +195,13 @@ __device__ __forceinline__ void settle_splits(const Params& p, long long first, 
     bool last = false;
 #if !defined(FASTNF4_SETTLE_FENCES)
     if (item < items && tile * 16 < p.N) {
+#if defined(FASTNF4_DIAG_SETTLE_STORE_ONLY)  // diagnostic: no atomics, split 0's worker stores y (wrong values)
+      last = item % splits == 0;
+#else
       unsigned old;
       asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(p.counters + tile) : "memory");
       last = old == static_cast<unsigned>(splits - 1);
+#endif
     }
     unsigned todo = __ballot_sync(0xffffffffu, last);
     if (todo) __syncwarp();  // the arriving lanes' acquires precede the whole warp's reads of the partials
@@ -208,9 +214,13 @@ __device__ __forceinline__ void settle_splits(const Params& p, long long first, 
       const int src = __ffs(todo) - 1;
       todo &= todo - 1;
       const long long done = ((base + src * stride) / splits) * mult + add;
+#if !defined(FASTNF4_DIAG_SETTLE_NO_SUM)  // diagnostic: the arrivals and counter resets only (y never written)
       sum_tile<T>(p, done, lane);
+#endif
       __syncwarp();
+#if !defined(FASTNF4_DIAG_SETTLE_STORE_ONLY)
       if (lane == 0) atomicExch(p.counters + done, 0);
+#endif
     }
   }
 }
