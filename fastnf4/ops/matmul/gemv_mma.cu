@@ -616,8 +616,9 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
 // FASTNF4_DIAG_NO_STATS_FETCH decodes every phase but copies no statistics after the first phase,
 // FASTNF4_DIAG_NO_SETTLE skips the split-K settlement, FASTNF4_DIAG_NO_LOOKUP feeds the packed words to the mma
 // instead of the table lookups, FASTNF4_DIAG_NO_MMA replaces the mma by an add, FASTNF4_DIAG_NO_TABLE skips the
-// table build, FASTNF4_DIAG_EXIT = 0 / 1 returns at the start / after the table build; they measure what those
-// parts cost (NOTES.md).
+// table build, FASTNF4_DIAG_EXIT = 0 / 1 returns at the start / after the table build; of the global settle,
+// FASTNF4_DIAG_SETTLE_STORE_ONLY keeps only the y stores, FASTNF4_DIAG_SETTLE_NO_SUM only the arrivals, and
+// FASTNF4_DIAG_SETTLE_DELAY = ns makes every warp wait that long first; they measure what those parts cost (NOTES.md).
 namespace pipe {
 #ifndef FASTNF4_PIPE_WARPS1
 #define FASTNF4_PIPE_WARPS1 16
