@@ -179,7 +179,6 @@ TWO_BLOCK_TAIL_MAX_BM = 32  # measured at M 8-32 (BM 8 / 16 / 32); BM 64 (M 33-6
 WIDE_TAIL_PARTS = 3
 
 
-@functools.lru_cache(maxsize=4096)
 @functools.lru_cache(maxsize=4096)  # pure; asked by every call (eager calls: up to ~140 us for the M = 128 tail search)
 def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) -> tuple[int, int, int]:
     """(splits, steps per split, full tiles): the first ``full tiles`` weight row tiles run whole, the others
