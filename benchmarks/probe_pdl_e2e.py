@@ -1,5 +1,6 @@
 """Does programmatic dependent launch pay inside a model? A fastnf4 NF4 model (MODEL cut to LAYERS) decoded with a
-CUDA graph and eagerly, PDL off and on (``FASTNF4_PDL``) in alternating ROUNDS, batch 1 and 8.
+CUDA graph and eagerly, PDL off and on in alternating ROUNDS, batch 1 and 8. The switch toggled is ``FASTNF4_PDL``
+(every kernel), or the variable named by FASTNF4_PROBE_PDL_VAR (e.g. FASTNF4_PDL_MMA: the CUDA matmul kernels only).
 usage: python benchmarks/probe_pdl_e2e.py MODEL LAYERS ROUNDS [JSON]"""
 import json
 import os
@@ -12,15 +13,16 @@ from fastnf4.ops.matmul import eager
 
 name, layers, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 model = e2e._make(name, layers, "fastnf4")
+var = os.environ.get("FASTNF4_PROBE_PDL_VAR", "FASTNF4_PDL")
 rows = []
 for r in range(rounds):
     for pdl in ("0", "1"):
-        os.environ["FASTNF4_PDL"] = pdl
+        os.environ[var] = pdl
         eager._PLANS.clear()  # prepared launches read the switch when they are made
         for batch in (1, 8):
             for graph in (True, False):
                 t = e2e.decode_speed(model, batch, 160, 16, graph=graph)
-                rows.append(dict(round=r, pdl=int(pdl), batch=batch, graph=graph, step_us=t["step_us"],
+                rows.append(dict(round=r, var=var, pdl=int(pdl), batch=batch, graph=graph, step_us=t["step_us"],
                                  ttft_us=t["ttft_us"]))
                 print(f"round {r} pdl {pdl} b{batch} {'graph' if graph else 'eager'}: step {t['step_us']:8.0f} us, "
                       f"ttft {t['ttft_us']:8.0f} us", flush=True)
