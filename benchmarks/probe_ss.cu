@@ -5,6 +5,7 @@
 // rounding), and both warpgroups run m64n256k16 wgmma on it (SS form). So each weight is decoded once per 128 x rows
 // and 256 weight rows share every x tile (session 8's kernel: 128 weight rows per x tile, weights in registers).
 // The decode of step j + 1 overlaps the wgmma of step j; one block barrier per step.
+// Diagnostics (wrong results): PROBE_SS_NO_DECODE, PROBE_SS_NO_MMA, PROBE_SS_NO_LOADS.
 // Limits (probe): bf16, blocksize 64, K % 256 == 0, N % 256 == 0; nested (8-bit absmax) or float32 absmax.
 // benchmarks/probe_ss.py drives it.
 #include <cuda_bf16.h>
@@ -153,6 +154,9 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
   // x rows of this warpgroup: 4 of its 512 16-byte pieces per thread and step
   const int tw = tid & 127;
   auto load = [&](int j) {  // step j of this split (j < nsteps)
+#if defined(PROBE_SS_NO_LOADS)  // diagnostic (wrong results): no copies at all
+    if (j >= 0) return;
+#endif
     const int xst = j % kXS, wst = j % kWS;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

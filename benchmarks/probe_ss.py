@@ -5,7 +5,8 @@ Before timing, every case is checked on fresh data with a poisoned output: error
 dequantized weight, relative to cuBLAS's error on the same weight (the kernel multiplies by exactly the dequantized
 weight: ~1), on odd M (one and two x tiles), double quant on and off, and forced split-K plans.
 Builds: ``--builds "label:nvcc flags;..."`` (diagnostic macros PROBE_SS_NO_DECODE / PROBE_SS_NO_MMA give wrong results:
-their checks are skipped); ``--shapes NxK,...`` limits the weights.
+their checks are skipped); ``--shapes NxK,...`` limits the weights; PROBE_SS_SRC=probe_ss2.cu runs the
+warp-specialized form instead.
 usage: python benchmarks/probe_ss.py [--m 128,256] [--splits S] [--builds ...] [--shapes ...] [JSON]"""
 import ctypes
 import json
@@ -33,7 +34,8 @@ class Params(ctypes.Structure):
 
 
 def build(flags: str = ""):
-    lib = ctypes.CDLL(_cuda.compile_source(os.path.join(HERE, "probe_ss.cu"), "sm_90a", extra=tuple(flags.split())))
+    src = os.path.join(HERE, os.environ.get("PROBE_SS_SRC", "probe_ss.cu"))
+    lib = ctypes.CDLL(_cuda.compile_source(src, "sm_90a", extra=tuple(flags.split())))
     lib.probe_ss_run.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_void_p]
     assert lib.probe_ss_params_size() == ctypes.sizeof(Params)
     assert lib.probe_ss_prepare() == 0

@@ -1,0 +1,398 @@
+// Probe (not a package kernel): probe_ss2.cu with every copy a TMA (x: one 64 x 64 box per wgmma warpgroup and step,
+// 128-byte swizzle; packed weights: one 32-byte x rows box per decode warpgroup and step) completing on mbarriers,
+// and PROBE_SS_DEC decode warpgroups. Only 1 compiles: with 2 (512 threads, setmaxnreg 192 for the wgmma warpgroups,
+// 64 for the decode ones) ptxas (nvcc 13.0) still compiles the wgmma code under the 128-register cap of a 512-thread
+// block, and an m64n256 wgmma needs >= 154. The pair table is 32 KiB (128-byte entries).
+// Below: the descriptions of the probes this one derives from.
+// Probe (not a package kernel), warp-specialized form of probe_ss.cu (same Params, same entry points; probe_ss.py
+// builds it with PROBE_SS_SRC=probe_ss2.cu). Three warpgroups: WG 0 / 1 run the wgmma of their 64 x rows and copy
+// those rows themselves (cp.async, a named barrier per warpgroup), WG 2 copies the packed weights of its two rows per
+// thread and decodes every K step into a ring of bf16 B tiles; full / empty mbarriers per tile. Nothing else couples
+// the warpgroups, so the decode of step j + 1 .. j + 3 overlaps the wgmma of step j.
+// Below: the description of the lockstep probe this one derives from.
+// Probe (not a package kernel): NF4 x bf16 GEMM for M around 128 with the roles of session 8's wgmma kernel swapped.
+// x is the wgmma A operand (two warpgroups x 64 rows = a 128-row x tile, from shared memory, 128-byte swizzle) and
+// the weights are the B operand: every K step (64 codes) all 256 threads decode the block's 256 weight rows into a
+// bf16 tile in shared memory (thread n: row n, the exact dequantized value: float32 code x float32 absmax, one
+// rounding), and both warpgroups run m64n256k16 wgmma on it (SS form). So each weight is decoded once per 128 x rows
+// and 256 weight rows share every x tile (session 8's kernel: 128 weight rows per x tile, weights in registers).
+// The decode of step j + 1 overlaps the wgmma of step j; one block barrier per step.
+// Limits (probe): bf16, blocksize 64, K % 256 == 0, N % 256 == 0; nested (8-bit absmax) or float32 absmax.
+// benchmarks/probe_ss.py drives it.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace probe_ss {
+
+struct Params {
+  const uint8_t* packed;
+  const void* absmax;  // uint8 codes (nested) or float32
+  const float* nested_code;
+  const float* nested_absmax;
+  const float* offset;
+  const float* code;
+  const __nv_bfloat16* x;
+  __nv_bfloat16* y;
+  float* y32;  // [splits, M, N] partial sums when splits > 1
+  long long M, N, K, splits, per;  // per: K steps (of 64) per split, a multiple of 4
+};
+
+#ifndef PROBE_SS_DEC
+#define PROBE_SS_DEC 1  // 2 does not compile: ptxas keeps the 512-thread cap of 128 registers for the wgmma code after setmaxnreg.inc
+#endif
+constexpr int kDec = PROBE_SS_DEC, kThreads = (2 + kDec) * 128, kRows = 256, kBM = 128, kXS = 4, kWS = 4, kBS = 3;
+constexpr int kRowsPerDec = kRows / kDec;
+constexpr int kTableBytes = 32768;          // 256 entries x 128 bytes: 16 float32 pairs or 32 bf16 pairs
+constexpr int kXStage = kBM * 128;          // 128 rows x 64 bf16
+constexpr int kBTile = kRows * 128;         // 256 rows x 64 bf16
+constexpr int kWStage = kRows * 32;         // packed bytes of a step
+constexpr int kSmem = 1024 + kTableBytes + kXS * kXStage + kBS * kBTile + kWS * kWStage + 1024 + 256;
+struct KParams {
+  Params p;
+  CUtensorMap xmap, wmap;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, int size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(size) : "memory");
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int n>
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory"); }
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 lds64f(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t d;  // lo in the low half: the element at the lower address
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ void fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// K-major tile, 128-byte swizzle, 8-row groups 1024 bytes apart
+__device__ __forceinline__ uint64_t desc(uint32_t a) {
+  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+__device__ __forceinline__ void mma(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "        "%128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db));
+}
+
+// the absmax of 4 consecutive steps of one row (K % 256 == 0 and splits of whole quads keep the word aligned)
+template <bool kNested>
+__device__ __forceinline__ void load_quad(const Params& p, long long blk, uint32_t& codes, float4& f, float& na) {
+  if constexpr (kNested) {
+    codes = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.absmax) + blk));
+    na = __ldg(p.nested_absmax + (blk >> 8));
+  } else {
+    f = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.absmax) + blk));
+  }
+}
+
+template <bool kNested>
+__global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__ KParams kp) {
+  const Params& p = kp.p;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t table = base, xs0 = base + kTableBytes, bt0 = xs0 + kXS * kXStage, ws0 = bt0 + kBS * kBTile;
+  const uint32_t ncs = ws0 + kWS * kWStage;
+  // mbarriers: full_x[2][kXS], full_w[kDec][kWS], full_b[kBS], empty_b[kBS]
+  const uint32_t full_x = ncs + 1024, full_w = full_x + 8 * 2 * kXS, full_b = full_w + 8 * kDec * kWS;
+  const uint32_t empty_b = full_b + 8 * kBS;
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, tw = tid & 127;
+  const long long N = p.N, K = p.K, M = p.M;
+  const long long tiles = N / kRows;
+  const long long tile = blockIdx.x % tiles, split = blockIdx.x / tiles;
+  const long long m0 = static_cast<long long>(blockIdx.y) * kBM;
+  const int s0 = static_cast<int>(split * p.per);
+  const int nsteps = min(static_cast<int>(K / 64) - s0, static_cast<int>(p.per));
+  if (tid < 256) {  // table: entry v = (code[v >> 4], code[v & 15]), 16 float32 copies or 32 bf16 ones
+    const float lo = __ldg(p.code + (tid >> 4)), hi = __ldg(p.code + (tid & 15));
+    const uint32_t e = table + (static_cast<uint32_t>(tid) << 7);
+#if defined(PROBE_SS_FAST)
+    const uint32_t pr = pack_bf16(lo, hi);
+#pragma unroll
+    for (int c = 0; c < 32; c += 4) sts128(e + 4 * c, pr, pr, pr, pr);
+#else
+#pragma unroll
+    for (int c = 0; c < 16; c += 2)
+      sts128(e + 8 * c, __float_as_uint(lo), __float_as_uint(hi), __float_as_uint(lo), __float_as_uint(hi));
+#endif
+    if (kNested) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(ncs + 4 * tid), "f"(__ldg(p.nested_code + tid)));
+  }
+  if (tid == 0) {
+    for (int s = 0; s < 2 * kXS; ++s) mbar_init(full_x + 8 * s, 1);
+    for (int s = 0; s < kDec * kWS; ++s) mbar_init(full_w + 8 * s, 1);
+    for (int s = 0; s < kBS; ++s) {
+      mbar_init(full_b + 8 * s, 128 * kDec);
+      mbar_init(empty_b + 8 * s, 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kp.xmap)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kp.wmap)) : "memory");
+  }
+  __syncthreads();
+  if (wg < 2) {
+    // ---------------------------------------------------------------- wgmma warpgroups: x rows 64 wg .. 64 wg + 63
+#if PROBE_SS_DEC == 2
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n" ::: "memory");
+#endif
+    const uint32_t fx = full_x + 8 * kXS * wg;
+    auto load_x = [&](int j) {  // (one thread)
+      const int st = j % kXS;
+      mbar_expect(fx + 8 * st, 64 * 128);
+      tma2d(xs0 + st * kXStage + wg * 64 * 128, &kp.xmap, (s0 + j) * 64, static_cast<int>(m0) + 64 * wg, fx + 8 * st);
+    };
+    if (tw == 0)
+      for (int j = 0; j < kXS - 1 && j < nsteps; ++j) load_x(j);
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    for (int j = 0; j < nsteps; ++j) {
+      mbar_wait(fx + 8 * (j % kXS), (j / kXS) & 1);
+      mbar_wait(full_b + 8 * (j % kBS), (j / kBS) & 1);
+      wg_fence();
+      [[maybe_unused]] const uint32_t xa = xs0 + (j % kXS) * kXStage + wg * 64 * 128;
+      [[maybe_unused]] const uint32_t bb = bt0 + (j % kBS) * kBTile;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#if !defined(PROBE_SS_NO_MMA)
+        mma(acc, desc(xa + 32 * kk), desc(bb + 32 * kk));
+#endif
+      }
+      wg_commit();
+      wg_wait1();  // step j - 1's wgmma has finished: its B tile and x stage are free
+      if (tw == 0) {
+        if (j > 0) mbar_arrive(empty_b + 8 * ((j - 1) % kBS));
+        if (j + kXS - 1 < nsteps) load_x(j + kXS - 1);  // into step j - 1's stage
+      }
+    }
+    wg_wait0();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+    const int w4 = tw >> 5;
+#pragma unroll
+    for (int i = 0; i < 128; i += 2) {
+      const int r = 64 * wg + 16 * w4 + (lane >> 2) + 8 * ((i >> 1) & 1);
+      const long long m = m0 + r;
+      const long long col = tile * kRows + 8 * (i >> 2) + 2 * (lane & 3);
+      if (m < M) {
+        if (p.splits > 1) {
+          *reinterpret_cast<float2*>(p.y32 + (split * M + m) * N + col) = make_float2(acc[i], acc[i + 1]);
+        } else {
+          *reinterpret_cast<uint32_t*>(p.y + m * N + col) = pack_bf16(acc[i], acc[i + 1]);
+        }
+      }
+    }
+    return;
+  }
+  // ------------------------------------------------------------- decode warpgroups: d = wg - 2, rows d R + tw (+128)
+#if PROBE_SS_DEC == 2
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n" ::: "memory");
+#endif
+  constexpr int kH = kRowsPerDec / 128;  // rows per thread
+  const int d = wg - 2;
+  const uint32_t fw = full_w + 8 * kWS * d;
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+#if defined(PROBE_SS_FAST)
+  const uint32_t lanec = lane * 8u;  // >> 1: 4 lane
+#else
+  const uint32_t lanec = (lane & 15) * 16u;  // >> 1: 8 (lane & 15)
+#endif
+  auto load_w = [&](int j) {  // (one thread)
+    const int st = j % kWS;
+    mbar_expect(fw + 8 * st, kRowsPerDec * 32);
+    tma2d(ws0 + st * kWStage + d * kRowsPerDec * 32, &kp.wmap, (s0 + j) * 32,
+          static_cast<int>(tile * kRows) + d * kRowsPerDec, fw + 8 * st);
+  };
+  const long long rowb = tile * kRows + d * kRowsPerDec + tw;
+  long long blk[kH];
+  uint32_t codes_c[kH], codes_n[kH];
+  float4 f_c[kH], f_n[kH];
+  float na_c[kH], na_n[kH];
+#pragma unroll
+  for (int h = 0; h < kH; ++h) {
+    blk[h] = (rowb + 128 * h) * (K / 64) + s0;
+    codes_n[h] = 0; na_n[h] = 0.f; f_n[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+    load_quad<kNested>(p, blk[h], codes_c[h], f_c[h], na_c[h]);
+    if (nsteps > 4) load_quad<kNested>(p, blk[h] + 4, codes_n[h], f_n[h], na_n[h]);
+  }
+  if (tw == 0)
+    for (int j = 0; j < kWS - 1 && j < nsteps; ++j) load_w(j);
+  for (int j = 0; j < nsteps; ++j) {
+    named_barrier(3 + d, 128);  // the warpgroup finished step j - 1: its packed stage is free
+    if (tw == 0 && j + kWS - 1 < nsteps) load_w(j + kWS - 1);
+    if ((j & 3) == 0 && j > 0) {
+#pragma unroll
+      for (int h = 0; h < kH; ++h) {
+        codes_c[h] = codes_n[h]; f_c[h] = f_n[h]; na_c[h] = na_n[h];
+        if (j + 4 < nsteps) load_quad<kNested>(p, blk[h] + j + 4, codes_n[h], f_n[h], na_n[h]);
+      }
+    }
+    mbar_wait(fw + 8 * (j % kWS), (j / kWS) & 1);
+    if (j >= kBS) mbar_wait(empty_b + 8 * (j % kBS), ((j / kBS) - 1) & 1);
+#if !defined(PROBE_SS_NO_DECODE)
+#pragma unroll
+    for (int h = 0; h < kH; ++h) {
+      const int nl = tw + 128 * h, n = d * kRowsPerDec + nl, i = j & 3;
+      float a;
+      if constexpr (kNested) {
+        const uint32_t code = (codes_c[h] >> (8 * i)) & 0xffu;
+        float nc;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(nc) : "r"(ncs + 4 * code));
+        a = __fadd_rn(__fmul_rn(nc, na_c[h]), offset);
+      } else {
+        a = i == 0 ? f_c[h].x : i == 1 ? f_c[h].y : i == 2 ? f_c[h].z : f_c[h].w;
+      }
+      const uint32_t rs = ws0 + (j % kWS) * kWStage + n * 32;
+      const uint4 w0 = lds128(rs), w1 = lds128(rs + 16);
+      const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+      const uint32_t dst = bt0 + (j % kBS) * kBTile + n * 128;
+#if defined(PROBE_SS_FAST)
+      const uint32_t a2 = pack_bf16(a, a);
+#endif
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        uint32_t o[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t off = prmt(words[c], lanec, 0x5504u | (t << 4)) >> 1;  // (byte << 7) | lane part
+#if defined(PROBE_SS_FAST)
+          uint32_t v;
+          asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(table + off));
+          asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(o[t]) : "r"(v), "r"(a2));
+#else
+          const float2 v = lds64f(table + off);
+          o[t] = pack_bf16(v.x * a, v.y * a);
+#endif
+        }
+        sts128(dst + ((c ^ (n & 7)) << 4), o[0], o[1], o[2], o[3]);
+      }
+    }
+#endif
+    fence_async();
+    mbar_arrive(full_b + 8 * (j % kBS));
+  }
+}
+
+}  // namespace probe_ss
+
+extern "C" {
+int probe_ss_params_size() { return static_cast<int>(sizeof(probe_ss::Params)); }
+int probe_ss_prepare() {
+  int rc = cudaFuncSetAttribute(probe_ss::ss_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, probe_ss::kSmem);
+  rc |= cudaFuncSetAttribute(probe_ss::ss_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, probe_ss::kSmem);
+  return rc;
+}
+int probe_ss_run(const probe_ss::Params* p, int nested, cudaStream_t stream) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr)
+      return static_cast<int>(cudaErrorNotSupported);
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  probe_ss::KParams kp;
+  kp.p = *p;
+  const cuuint32_t unit[2] = {1, 1};
+  {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p->K), static_cast<cuuint64_t>(p->M)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p->K) * 2};
+    const cuuint32_t box[2] = {64, 64};
+    if (encode(&kp.xmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p->x), dims, strides, box,
+               unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+  {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p->K / 2), static_cast<cuuint64_t>(p->N)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p->K / 2)};
+    const cuuint32_t box[2] = {32, static_cast<cuuint32_t>(probe_ss::kRowsPerDec)};
+    if (encode(&kp.wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p->packed), dims, strides, box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const dim3 grid(static_cast<unsigned>(p->N / probe_ss::kRows * p->splits),
+                  static_cast<unsigned>((p->M + probe_ss::kBM - 1) / probe_ss::kBM));
+  if (nested) probe_ss::ss_kernel<true><<<grid, probe_ss::kThreads, probe_ss::kSmem, stream>>>(kp);
+  else probe_ss::ss_kernel<false><<<grid, probe_ss::kThreads, probe_ss::kSmem, stream>>>(kp);
+  return static_cast<int>(cudaGetLastError());
+}
+}
