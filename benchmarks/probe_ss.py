@@ -6,7 +6,7 @@ dequantized weight, relative to cuBLAS's error on the same weight (the kernel mu
 weight: ~1), on odd M (one and two x tiles), double quant on and off, and forced split-K plans.
 Builds: ``--builds "label:nvcc flags;..."`` (diagnostic macros PROBE_SS_NO_DECODE / PROBE_SS_NO_MMA give wrong results:
 their checks are skipped); ``--shapes NxK,...`` limits the weights; PROBE_SS_SRC=probe_ss2.cu runs the
-warp-specialized form instead.
+warp-specialized form instead (probe_ss3.cu: with TMA copies; probe_ss4.cu: 128-row tiles, 2 decode warpgroups).
 usage: python benchmarks/probe_ss.py [--m 128,256] [--splits S] [--builds ...] [--shapes ...] [JSON]"""
 import ctypes
 import json
@@ -39,15 +39,19 @@ def build(flags: str = ""):
     lib.probe_ss_run.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_void_p]
     assert lib.probe_ss_params_size() == ctypes.sizeof(Params)
     assert lib.probe_ss_prepare() == 0
+    try:
+        lib.rows = lib.probe_ss_rows()  # weight rows per block (probe_ss4.cu: 128)
+    except AttributeError:
+        lib.rows = ROWS
     return lib
 
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
-def plan(m: int, n: int, k: int, splits: int | None = None) -> tuple[int, int]:
+def plan(m: int, n: int, k: int, splits: int | None = None, rows: int = ROWS) -> tuple[int, int]:
     """(S, K steps per split, a multiple of 4): fewest rounds of K steps over the SMs, each split >= 8 steps."""
-    steps, tiles = k // 64, n // ROWS * -(-m // 128)
+    steps, tiles = k // 64, n // rows * -(-m // 128)
     best = None
     for s in ([splits] if splits else range(1, 17)):
         per = -(-steps // s)
@@ -64,9 +68,9 @@ def plan(m: int, n: int, k: int, splits: int | None = None) -> tuple[int, int]:
 def ss_linear(lib, x, q, y=None, splits=None):
     m, k = x.shape
     n = q.shape[0]
-    assert x.dtype == torch.bfloat16 and q.blocksize == 64 and k % 256 == 0 and n % ROWS == 0
+    assert x.dtype == torch.bfloat16 and q.blocksize == 64 and k % 256 == 0 and n % lib.rows == 0
     nested = q.nested_code is not None
-    s, per = plan(m, n, k, splits)
+    s, per = plan(m, n, k, splits, lib.rows)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if y is None else y
     y32 = torch.empty(s, m, n, dtype=torch.float32, device=x.device) if s > 1 else None
     code = fastnf4.codebooks.kernel_code(q.quant_type, q.device)
@@ -141,7 +145,8 @@ def main():
                     assert finite and errs[label] <= bound(label), (model, layer, m, label, errs[label])
                 prov[label] = [lambda i=i, lib=lib: ss_linear(lib, x, qs[i], splits=force) for i in range(len(qs))]
             tm = time_graphs(prov, per_graph=10, replays=10)
-            row = dict(model=model, layer=layer, N=n, K=k, M=m, nf4_mb=q.nbytes() / 1e6, plan=plan(m, n, k, force),
+            rows_ = next(iter(libs.values()))[0].rows
+            row = dict(model=model, layer=layer, N=n, K=k, M=m, nf4_mb=q.nbytes() / 1e6, plan=plan(m, n, k, force, rows_),
                        **{f"err_{t}": e for t, e in errs.items()},
                        **{f"{name}_us": v["median_us"] for name, v in tm.items()})
             rows.append(row)

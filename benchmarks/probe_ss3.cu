@@ -1,6 +1,7 @@
 // Probe (not a package kernel): probe_ss2.cu with every copy a TMA (x: one 64 x 64 box per wgmma warpgroup and step,
 // 128-byte swizzle; packed weights: one 32-byte x rows box per decode warpgroup and step) completing on mbarriers,
-// and PROBE_SS_DEC decode warpgroups. Only 1 compiles: with 2 (512 threads, setmaxnreg 192 for the wgmma warpgroups,
+// and PROBE_SS_DEC decode warpgroups. PROBE_SS_REGLUT: the decode uses no table in shared memory (each row's 16
+// values of a step built in registers as byte planes, looked up with PRMT: ~3.5 ALU instructions per code, exact). Only 1 compiles: with 2 (512 threads, setmaxnreg 192 for the wgmma warpgroups,
 // 64 for the decode ones) ptxas (nvcc 13.0) still compiles the wgmma code under the 128-register cap of a 512-thread
 // block, and an m64n256 wgmma needs >= 154. The pair table is 32 KiB (128-byte entries).
 // Below: the descriptions of the probes this one derives from.
@@ -279,6 +280,9 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
     tma2d(ws0 + st * kWStage + d * kRowsPerDec * 32, &kp.wmap, (s0 + j) * 32,
           static_cast<int>(tile * kRows) + d * kRowsPerDec, fw + 8 * st);
   };
+  [[maybe_unused]] float cv[16];  // (PROBE_SS_REGLUT) the 16 code values
+#pragma unroll
+  for (int i = 0; i < 16; ++i) cv[i] = __ldg(p.code + i);
   const long long rowb = tile * kRows + d * kRowsPerDec + tw;
   long long blk[kH];
   uint32_t codes_c[kH], codes_n[kH];
@@ -322,6 +326,35 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
       const uint4 w0 = lds128(rs), w1 = lds128(rs + 16);
       const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
       const uint32_t dst = bt0 + (j % kBS) * kBTile + n * 128;
+#if defined(PROBE_SS_REGLUT)
+      // the row's 16 dequantized values of this step, exactly: bf16(code[i] x a); as byte planes (lo / hi bytes of
+      // entries 4q .. 4q + 3 in L[q] / H[q]) for PRMT lookups, 4 codes per lookup, no shared memory
+      uint32_t L[4], H[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t r0 = pack_bf16(cv[4 * q] * a, cv[4 * q + 1] * a), r1 = pack_bf16(cv[4 * q + 2] * a, cv[4 * q + 3] * a);
+        L[q] = prmt(r0, r1, 0x6420u);
+        H[q] = prmt(r0, r1, 0x7531u);
+      }
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        uint32_t o[4];
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          // nibbles of bytes 2g, 2g + 1: (c1, c0, c3, c2) in element order c0 .. c3 (high nibble first)
+          const uint32_t grp = words[c] >> (16 * g);
+          const uint32_t sel = grp & 0x7777u;
+          const uint32_t msel = ((grp >> 3) & 0x1111u) * 12u;  // 0xC (sign mode, byte 4 = 0x80) where code >= 8
+          const uint32_t mask = prmt(0u, 0x80808080u, msel);
+          const uint32_t la = prmt(L[0], L[1], sel), lb = prmt(L[2], L[3], sel);
+          const uint32_t ha = prmt(H[0], H[1], sel), hb = prmt(H[2], H[3], sel);
+          const uint32_t lo = (lb & mask) | (la & ~mask), hi = (hb & mask) | (ha & ~mask);
+          o[2 * g] = prmt(lo, hi, 0x4051u);      // (c0, c1)
+          o[2 * g + 1] = prmt(lo, hi, 0x6273u);  // (c2, c3)
+        }
+        sts128(dst + ((c ^ (n & 7)) << 4), o[0], o[1], o[2], o[3]);
+      }
+#else
 #if defined(PROBE_SS_FAST)
       const uint32_t a2 = pack_bf16(a, a);
 #endif
@@ -342,6 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
         }
         sts128(dst + ((c ^ (n & 7)) << 4), o[0], o[1], o[2], o[3]);
       }
+#endif
     }
 #endif
     fence_async();
