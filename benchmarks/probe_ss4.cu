@@ -46,7 +46,12 @@ struct Params {
   long long M, N, K, splits, per;  // per: K steps (of 64) per split, a multiple of 4
 };
 
-constexpr int kDec = 2, kThreads = (2 + kDec) * 128, kRows = 128, kBM = 128, kXS = 4, kWS = 4, kBS = 4;
+#if defined(PROBE_SS_PAIR)  // each decode warpgroup decodes two of its steps per iteration (more independent work)
+constexpr int kP = 2, kBS = 8;
+#else
+constexpr int kP = 1, kBS = 4;
+#endif
+constexpr int kDec = 2, kThreads = (2 + kDec) * 128, kRows = 128, kBM = 128, kXS = 4, kWS = 4;
 constexpr int kXStage = kBM * 128;          // 128 rows x 64 bf16
 constexpr int kBTile = kRows * 128;         // 128 rows x 64 bf16
 constexpr int kWStage = kRows * 32;         // packed bytes of a step
@@ -256,39 +261,52 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
   load_quad<kNested>(p, blk, codes_c, f_c, na_c);
   if (nsteps > 4) load_quad<kNested>(p, blk + 4, codes_n, f_n, na_n);
   if (tw == 0)
-    for (int k = 0; k < kWS - 1 && k < own; ++k) load_w(k);
-  for (int k = 0; k < own; ++k) {
-    const int j = 2 * k + d;
-    named_barrier(3 + d, 128);  // the warpgroup finished its previous step: that packed stage is free
-    if (tw == 0 && k + kWS - 1 < own) load_w(k + kWS - 1);
-    if ((j & 3) == d && j >= 4) {  // the first of this warpgroup's two steps in a new quad
-      codes_c = codes_n; f_c = f_n; na_c = na_n;
-      if (j - d + 4 < nsteps) load_quad<kNested>(p, blk + j - d + 4, codes_n, f_n, na_n);
-    }
-    mbar_wait(fw + 8 * (k % kWS), (k / kWS) & 1);
-    if (j >= kBS) mbar_wait(empty_b + 8 * (j % kBS), ((j / kBS) - 1) & 1);
-#if !defined(PROBE_SS_NO_DECODE)
-    {
-      const int n = tw, i = j & 3;
-      float a;
+    for (int k = 0; k < kWS - kP && k < own; ++k) load_w(k);
+  for (int k = 0; k < own; k += kP) {
+    named_barrier(3 + d, 128);  // the warpgroup finished its previous steps: their packed stages are free
+    if (tw == 0)
+#pragma unroll
+      for (int u = 0; u < kP; ++u)
+        if (k + kWS - kP + u < own) load_w(k + kWS - kP + u);
+    float a[kP];
+    uint32_t words[kP][8];
+#pragma unroll
+    for (int u = 0; u < kP; ++u) {
+      const int j = 2 * (k + u) + d;
+      if (k + u >= own) break;
+      if ((j & 3) == d && j >= 4) {  // the first of this warpgroup's two steps in a new quad
+        codes_c = codes_n; f_c = f_n; na_c = na_n;
+        if (j - d + 4 < nsteps) load_quad<kNested>(p, blk + j - d + 4, codes_n, f_n, na_n);
+      }
+      const int i = j & 3;
       if constexpr (kNested) {
         const uint32_t code = (codes_c >> (8 * i)) & 0xffu;
         float nc;
         asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(nc) : "r"(ncs + 4 * code));
-        a = __fadd_rn(__fmul_rn(nc, na_c), offset);
+        a[u] = __fadd_rn(__fmul_rn(nc, na_c), offset);
       } else {
-        a = i == 0 ? f_c.x : i == 1 ? f_c.y : i == 2 ? f_c.z : f_c.w;
+        a[u] = i == 0 ? f_c.x : i == 1 ? f_c.y : i == 2 ? f_c.z : f_c.w;
       }
-      const uint32_t rs = wring + (k % kWS) * kWStage + n * 32;
+      mbar_wait(fw + 8 * ((k + u) % kWS), ((k + u) / kWS) & 1);
+      if (j >= kBS) mbar_wait(empty_b + 8 * (j % kBS), ((j / kBS) - 1) & 1);
+      const uint32_t rs = wring + ((k + u) % kWS) * kWStage + tw * 32;
       const uint4 w0 = lds128(rs), w1 = lds128(rs + 16);
-      const uint32_t words[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+      words[u][0] = w0.x; words[u][1] = w0.y; words[u][2] = w0.z; words[u][3] = w0.w;
+      words[u][4] = w1.x; words[u][5] = w1.y; words[u][6] = w1.z; words[u][7] = w1.w;
+    }
+#if !defined(PROBE_SS_NO_DECODE)
+#pragma unroll
+    for (int u = 0; u < kP; ++u) {
+      if (k + u >= own) break;
+      const int j = 2 * (k + u) + d, n = tw;
       const uint32_t dst = bt0 + (j % kBS) * kBTile + n * 128;
       // the row's 16 dequantized values of this step, exactly: bf16(code[i] x a); as byte planes (lo / hi bytes of
       // entries 4q .. 4q + 3 in L[q] / H[q]) for PRMT lookups, 4 codes per lookup
       uint32_t L[4], H[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const uint32_t r0 = pack_bf16(cv[4 * q] * a, cv[4 * q + 1] * a), r1 = pack_bf16(cv[4 * q + 2] * a, cv[4 * q + 3] * a);
+        const uint32_t r0 = pack_bf16(cv[4 * q] * a[u], cv[4 * q + 1] * a[u]);
+        const uint32_t r1 = pack_bf16(cv[4 * q + 2] * a[u], cv[4 * q + 3] * a[u]);
         L[q] = prmt(r0, r1, 0x6420u);
         H[q] = prmt(r0, r1, 0x7531u);
       }
@@ -298,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
 #pragma unroll
         for (int g = 0; g < 2; ++g) {
           // nibbles of bytes 2g, 2g + 1: (c1, c0, c3, c2) in element order c0 .. c3 (high nibble first)
-          const uint32_t grp = words[c] >> (16 * g);
+          const uint32_t grp = words[u][c] >> (16 * g);
           const uint32_t sel = grp & 0x7777u;
           const uint32_t msel = ((grp >> 3) & 0x1111u) * 12u;  // 0xC (sign mode, byte 4 = 0x80) where code >= 8
           const uint32_t mask = prmt(0u, 0x80808080u, msel);
@@ -313,7 +331,9 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
     }
 #endif
     fence_async();
-    mbar_arrive(full_b + 8 * (j % kBS));
+#pragma unroll
+    for (int u = 0; u < kP; ++u)
+      if (k + u < own) mbar_arrive(full_b + 8 * ((2 * (k + u) + d) % kBS));
   }
 }
 
