@@ -133,10 +133,14 @@ SMALL_MAX_ELEMS = 9 * 2**20
 # within 4% of the best of 24 on each weight): Llama k/v 5.5 us (small-weight kernel 8.5), Qwen k/v 4.6 (6.8), Gemma
 # k/v 6.7 (9.3), Gemma q / o 11.0 / 11.1 (20-warp decode kernel 12.6 / 12.5); Qwen q 17.0 against 14.9.
 SPLIT_MAX_ELEMS = 24 * 2**20
-# ... except that from WIDE_LOCAL_MIN_ELEMS elements the 20-warp decode kernel takes them where its plan has the
-# block-local split-K (``Prepared``; on the model weights: Gemma q). H200, session 19 (probe_decode.py 0 w,
-# FASTNF4_PROBE_SET=small, two rounds): Gemma q 10.4-10.5 us against 11.0-11.1 for the split kernel; Gemma o (no
-# block-local plan) 12.5 against 11.4; the k/v projections (<= 11M elements) 8.3-61.6 against 5.0-6.9.
+# ... except that from WIDE_LOCAL_MIN_ELEMS elements the decode kernels take them (``Prepared``; ``decode_cost`` then
+# picks 16 or 20 warps; on the model weights: Gemma q / o). H200, session 19 (probe_decode.py 0 w,
+# FASTNF4_PROBE_SET=small, two rounds): Gemma q 10.4-10.5 us against 11.0-11.1 for the split kernel, but Gemma o (no
+# block-local plan) 12.5 against 11.4, so until session 26 only weights with a block-local plan moved; session 26
+# (probe_decode.py 0 sp w n, same set, two rounds, results/h200-probe-decode-small-m1.txt), after the decode
+# kernel's later gains: Gemma o 10.1-10.2 us on 16 warps (its global plan, x staged split-major), 10.7 on 20, 11.4
+# split; Gemma q 8.4 (16 warps, block-local) against 11.2 split. The k/v projections (<= 11M elements) stay split:
+# 4.9-6.9 us against 6.3-52.5 on the decode kernels.
 WIDE_LOCAL_MIN_ELEMS = 16 * 2**20
 
 
@@ -164,14 +168,11 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
     return variant(m)
 
 
-def wide_for_split(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
-    """Whether a weight ``choose`` gives the split small-weight kernel takes the 20-warp decode kernel instead: M = 1,
-    more than WIDE_LOCAL_MIN_ELEMS elements, and a block-local split-K plan for ``blocks`` blocks of ``block_warps``
-    warps (see WIDE_LOCAL_MIN_ELEMS)."""
-    if m != 1 or n * k <= WIDE_LOCAL_MIN_ELEMS:
-        return False
-    s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
-    return local_plan(n, k, blocks, block_warps, s, per, holes=LOCAL_HOLES - x_holes(m, k)) is not None
+def wide_for_split(m: int, n: int, k: int) -> bool:
+    """Whether a weight ``choose`` gives the split small-weight kernel takes a decode kernel instead (``Prepared``:
+    the 20-warp one, then the cheaper of 16 and 20 warps by ``decode_cost``): M = 1 and more than
+    WIDE_LOCAL_MIN_ELEMS elements (see there)."""
+    return m == 1 and n * k > WIDE_LOCAL_MIN_ELEMS
 
 
 def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
@@ -408,8 +409,7 @@ class Prepared:
                 wide_above_max(m, n, k, lib.sms * lib.occupancy[(dt, 0, int(nested))], lib.warps[0])):
             v = DECODE_WIDE
         occ20 = lib.occupancy[(dt, DECODE_WIDE, int(nested))]
-        if (kernel is None and v == SPLIT and local is not False and occ20 > 0 and
-                wide_for_split(m, n, k, lib.sms * occ20, lib.warps[DECODE_WIDE])):
+        if kernel is None and v == SPLIT and local is not False and occ20 > 0 and wide_for_split(m, n, k):
             v = DECODE_WIDE
         if kernel is None and m == 1 and v in (0, DECODE_WIDE) and local is not False:
             occ16 = lib.occupancy[(dt, 0, int(nested))]
