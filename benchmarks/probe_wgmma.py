@@ -1,7 +1,9 @@
 """Prefill-size wgmma kernel (wgmma.cu) on the H200: correctness on odd shapes first (poisoned outputs, error against
 a float64 reference on the dequantized weight relative to cuBLAS's on the same weight), then graph timing against
 bf16 cuBLAS and fastnf4 dequantize + cuBLAS for every model weight of >= 8 MB packed.
-usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512 | --small | --tiny] [--checks] [--verbose]
+usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512 | --small | --tiny | --ms 64,256]
+                                        [--checks] [--verbose]
+--ms: those M; since session 26 every M's providers are timed with their replays interleaved (harness.time_graphs);
 --small: M = 8 / 16 / 24 / 32 with the CUDA GEMM kernel of gemv_mma.cu (the path there before) timed too;
 --tiny: the same at M = 3 / 4 / 6 / 8 (BM 16 only)."""
 import json
@@ -13,7 +15,7 @@ import torch
 import fastnf4
 from fastnf4.api import linear_args
 from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import model_shapes, rotation_count, time_graph
+from fastnf4.bench.harness import model_shapes, rotation_count, time_graphs
 from fastnf4.ops.matmul import gemv_mma, wgmma
 
 torch.manual_seed(0)
@@ -61,7 +63,8 @@ if "--checks" in sys.argv:
 
 quick = "--quick" in sys.argv
 seen = set()
-ms = ((128, 256) if "--mid" in sys.argv else (512,) if "--m512" in sys.argv else (64, 128, 512, 2048) if quick
+ms = (tuple(int(v) for v in sys.argv[sys.argv.index("--ms") + 1].split(",")) if "--ms" in sys.argv
+      else (128, 256) if "--mid" in sys.argv else (512,) if "--m512" in sys.argv else (64, 128, 512, 2048) if quick
       else (8, 16, 24, 32) if "--small" in sys.argv else (3, 4, 6, 8) if "--tiny" in sys.argv
       else (64, 128, 256, 512, 2048))
 for model, layer, n, k in model_shapes():
@@ -79,14 +82,14 @@ for model, layer, n, k in model_shapes():
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         row = dict(model=model, layer=layer, N=n, K=k, M=m)
-        row["cublas_us"] = time_graph([lambda i=i: x @ ws[i].T for i in range(reps_w)])["median_us"]
-        row["dq_cublas_us"] = time_graph([lambda i=i: x @ fastnf4.dequantize(qs[i]).T for i in range(reps_q)])["median_us"]
+        prov = {"cublas_us": [lambda i=i: x @ ws[i].T for i in range(reps_w)],
+                "dq_cublas_us": [lambda i=i: x @ fastnf4.dequantize(qs[i]).T for i in range(reps_q)]}
         if m <= 32:
-            row["mma_us"] = time_graph([lambda i=i: gemv_mma.launch(x, *linear_args(qs[i]))
-                                         for i in range(reps_q)])["median_us"]
+            prov["mma_us"] = [lambda i=i: gemv_mma.launch(x, *linear_args(qs[i])) for i in range(reps_q)]
         for bm in ((16,) if "--tiny" in sys.argv else (16, 32) if m <= 16 else (32, 64) if m <= 32 else (64, 128) if m <= 64 else (64, 128, 256) if m <= 256 else (256,) if m == 512 else (128, 256)):
-            row[f"wg{bm}_us"] = time_graph([lambda i=i: wgmma.launch(x, *linear_args(qs[i]), bm=bm)
-                                            for i in range(reps_q)])["median_us"]
+            prov[f"wg{bm}_us"] = [lambda i=i, bm=bm: wgmma.launch(x, *linear_args(qs[i]), bm=bm) for i in range(reps_q)]
+        per = 20 if m <= 512 else 5
+        row.update({name: t["median_us"] for name, t in time_graphs(prov, per_graph=per, replays=10).items()})
         best = min(v for kk, v in row.items() if kk.startswith("wg"))
         row["vs_cublas"] = row["cublas_us"] / best
         if "mma_us" in row:

@@ -106,17 +106,13 @@ def test_wgmma_dispatch_on_model_shapes():
     # M 9-32 (probe_small_m_plans.py --all, session 17; at M 17-32 probe_wgmma.py --small before): every weight of
     # >= 20M elements
     assert set(taken[9]) == set(taken[16]) == set(taken[17]) == set(taken[32]) == big
-    assert taken[33] == taken[64]
-    assert (4096, 5376) not in taken[64] and (5376, 4096) not in taken[64]  # Gemma q / o lost at M = 64
-    assert {(8192, 5120), (5120, 8192), (10240, 8192), (8192, 5376)} <= set(taken[64])
-    # M 65-128: every weight from 20M elements (since the one-wave split-K plan: Qwen q / o / qkv, Gemma q / o / qkv)
-    assert set(taken[128]) == {(n, k) for _, _, n, k in model_shapes() if n * k >= 20 * 2**20}
-    assert taken[65] == taken[128]
-    # M 129-256: the weights that split K (N <= 8448) from 20M elements, the big and the wide ones (Gemma gate+up,
-    # 115M, since the tail plan); not the qkv projections of N = 10240
-    assert set(taken[256]) == set(taken[128]) - {(10240, 8192), (10240, 5120)}
+    # M 33-256 (probe_wgmma.py --ms 64,256,512, session 26): every weight from 20M elements (Gemma q / o at M = 64 and
+    # the qkv projections of N = 10240 at M = 256 since then)
+    assert set(taken[33]) == set(taken[64]) == set(taken[65]) == set(taken[128]) == set(taken[256]) == big
+    # M 257-512 (the same probe): the N = 8192 weights from 20M elements and the gate_up projections (N >= 40960)
     assert taken[257] == taken[512]
-    assert set(taken[512]) == {(57344, 8192)}
+    assert set(taken[512]) == {(8192, 8192), (8192, 28672), (8192, 5120), (8192, 5376), (57344, 8192), (51200, 5120),
+                               (43008, 5376)}
 
 
 def test_eager_plan_key_follows_the_wgmma_buckets():

@@ -92,8 +92,8 @@ def mma_wanted(m: int, n: int, k: int) -> bool:
 # the weights of <= 66 row tiles (N <= 8448: they split K) from 20M elements (Llama q+o 71.0 vs 93.3, Qwen down
 # 145.6 vs 193.4, Gemma down 118.9 vs 167.7, Gemma o 34.3 vs 34.8 in that bench), plus, as before, the big (>= 200M,
 # N >= 8192) and the wide (N >= 16384, >= 120M then: not Gemma gate+up, 115M) ones. Before the one-wave plan (sessions
-# 8-10: results/h200-probe-wgmma-mid.json, -m512.json) the weights under 64M elements lost at M = 128. M 33-64 keeps
-# its session-9 rule (Gemma q / o, 22M, lost there; their split plan did not change). At M = 512 only Llama's gate_up
+# 8-10: results/h200-probe-wgmma-mid.json, -m512.json) the weights under 64M elements lost at M = 128. M 33-64 kept
+# its session-9 rule (Gemma q / o, 22M, lost there) until session 26 (below). At M = 512 only Llama's gate_up
 # (470M) won in both runs of session 9 (by 11-15%; the 230-260M weights by -1 to +13%); above, dequantize + cuBLAS.
 # Session 15's tail plan (wgmma.plan: whole tiles first, the last ones split to fill the last wave;
 # benchmarks/probe_wgmma_tail.py, results/h200-probe-wgmma-tail.json, interleaved graph timing) made Gemma gate+up
@@ -130,6 +130,17 @@ def mma_wanted(m: int, n: int, k: int) -> bool:
 #   elements at M 3-8, as at M 9-32.
 # - M <= 2: the decode kernel of gemv_mma.cu everywhere.
 #
+# Session 26 re-measured M 33-512 (benchmarks/probe_wgmma.py --ms 64,256,512 at 7aa81eb, every provider's replays
+# interleaved, results/h200-probe-wgmma-dispatch.json; us, the best wgmma block size against dequantize + cuBLAS):
+# - M = 64: Gemma q / o (22M) now win too (24.1 / 21.3 vs 32.2 / 28.4): every weight from 20M elements, as at M 65-128.
+# - M = 256: all 17, also the qkv projections of N = 10240 the rule had left out (Llama 106.9 vs 115.0, Qwen 68.6 vs
+#   75.7): every weight from 20M elements.
+# - M = 512: ahead on the N = 8192 weights (Llama q+o 118.4 vs 137.0, Llama down 451.8 vs 500.2, Qwen q 79.8 vs 86.4,
+#   Gemma qkv 74.3 vs 87.2) and the gate_up projections (Llama 904.9 vs 983.0, Qwen 526.0 vs 560.8, Gemma 470.0 vs
+#   500.8); within 5% either way on the qkv of N = 10240, Qwen down, Qwen / Llama gate+up; behind on Qwen o (109.7 vs
+#   85.9), Gemma q / o / gate+up (48.2 / 56.5 / 260.7 vs 45.7 / 46.7 / 243.0). So N = 8192 from 20M elements and N >=
+#   40960 from 200M.
+#
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
 # under any of which a weight takes the wgmma kernel; at M <= 2 and above M = 512 none.
 _ANY = 1 << 62
@@ -138,10 +149,10 @@ WGMMA_RULES = (
     (8, ((20 * 2**20, 0, _ANY, _ANY),)),
     (16, ((20 * 2**20, 0, _ANY, _ANY),)),
     (32, ((20 * 2**20, 0, _ANY, _ANY),)),
-    (64, ((32 * 2**20, 0, _ANY, _ANY),)),
+    (64, ((20 * 2**20, 0, _ANY, _ANY),)),
     (128, ((20 * 2**20, 0, _ANY, _ANY),)),
-    (256, ((200 * 2**20, 8192, _ANY, _ANY), (110 * 2**20, 16384, _ANY, _ANY), (20 * 2**20, 0, 8448, _ANY))),
-    (512, ((400 * 2**20, 8192, _ANY, _ANY),)),
+    (256, ((20 * 2**20, 0, _ANY, _ANY),)),
+    (512, ((20 * 2**20, 8192, 8192, _ANY), (200 * 2**20, 40960, _ANY, _ANY))),
 )
 
 
