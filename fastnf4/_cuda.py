@@ -13,6 +13,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -32,13 +33,30 @@ def enabled() -> bool:
     return os.environ.get("FASTNF4_CUDA", "1") != "0" and shutil.which("nvcc") is not None
 
 
+_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def _source_bytes(source: str, seen: set[str] | None = None) -> bytes:
+    """The text of ``source`` followed by that of every header it includes with quotes from its own folder (and
+    theirs), so that a change in such a header changes the cache key; a source without them hashes as itself."""
+    seen = set() if seen is None else seen
+    seen.add(os.path.abspath(source))
+    with open(source, "rb") as f:
+        text = f.read()
+    for name in _LOCAL_INCLUDE.findall(text):
+        header = os.path.join(os.path.dirname(os.path.abspath(source)), name.decode())
+        if os.path.isfile(header) and os.path.abspath(header) not in seen:
+            text += _source_bytes(header, seen)
+    return text
+
+
 def compile_source(source: str, arch: str, out_dir: str | None = None, extra: tuple[str, ...] = ()) -> str:
-    """Compile ``source`` for ``arch`` (e.g. ``sm_90``) into a shared library; cached by content hash."""
+    """Compile ``source`` for ``arch`` (e.g. ``sm_90``) into a shared library; cached by content hash (the source
+    and the local headers it includes)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH")
-    with open(source, "rb") as f:
-        text = f.read()
+    text = _source_bytes(source)
     tag = hashlib.sha256(text + arch.encode() + " ".join(extra).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     os.makedirs(out_dir, exist_ok=True)

@@ -252,6 +252,22 @@ def test_gemv_mma_source_compiles(arch, tmp_path):
     assert dll.fastnf4_gemv_mma_params_size() == ctypes.sizeof(gemv_mma.Params)
 
 
+def test_cuda_cache_key_covers_local_headers(tmp_path):
+    """A CUDA source's build is keyed by its text and that of the headers it includes with quotes from its folder
+    (transitively), so editing such a header rebuilds; other includes and missing headers do not count."""
+    from fastnf4 import _cuda
+
+    (tmp_path / "a.cu").write_text('#include <cuda.h>\n#include "h.cuh"\n#include "missing.cuh"\nint a;\n')
+    (tmp_path / "h.cuh").write_text('#pragma once\n  #  include "g.cuh"\nint h;\n')
+    (tmp_path / "g.cuh").write_text('#include "h.cuh"\nint g;\n')  # a cycle: read once
+    (tmp_path / "plain.cu").write_text("int p;\n")
+    key = _cuda._source_bytes(str(tmp_path / "a.cu"))
+    assert key.count(b"int h;") == 1 and key.count(b"int g;") == 1 and key.startswith(b"#include <cuda.h>")
+    (tmp_path / "g.cuh").write_text('#include "h.cuh"\nint g2;\n')
+    assert _cuda._source_bytes(str(tmp_path / "a.cu")) != key
+    assert _cuda._source_bytes(str(tmp_path / "plain.cu")) == b"int p;\n"
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_wgmma_source_compiles(tmp_path):
     import ctypes
