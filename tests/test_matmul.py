@@ -468,6 +468,32 @@ def test_m1_decode_kernel_pick_follows_the_h200_measurements():
             assert c20 < c16, (model, layer)
 
 
+def test_m2_decode_kernel_pick_follows_the_h200_measurements():
+    """At M = 2 ``decode_cost`` picks between the 16- and 20-warp decode kernels for the weights ``choose`` gives the
+    20-warp kernel by size (session 26, probe_decode.py 0 w n at M = 2): 16 warps on Gemma q / o / qkv / k+v (0.3-0.6 us
+    faster measured), 20 on Qwen o (13.7 vs 15.6 us) and the qkv projections of N = 10240; the larger weights are not
+    asked (``wide_above_max`` decides there)."""
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma
+
+    faster16 = {("gemma-3-27b", "q"), ("gemma-3-27b", "o"), ("gemma-3-27b", "qkv"), ("gemma-3-27b", "k+v")}
+    faster20 = {("qwen3-32b", "o"), ("llama-3.3-70b", "qkv"), ("qwen3-32b", "qkv")}
+    asked = set()
+    for model, layer, n, k in model_shapes():
+        if gemv_mma.m_cost_max(2, n, k) < 2:
+            assert n * k > gemv_mma.WIDE_MAX_ELEMS
+            continue
+        asked.add((model, layer))
+        c16 = gemv_mma.decode_cost(2, n, k, 132, 16, {2: 66})
+        c20 = gemv_mma.decode_cost(2, n, k, 132, 20, {2: 66})
+        if (model, layer) in faster16:
+            assert c16 <= c20, (model, layer)
+        elif (model, layer) in faster20:
+            assert c20 < c16, (model, layer)
+    assert faster16 | faster20 <= asked
+    assert gemv_mma.m_cost_max(1, 57344, 8192) == 1 and gemv_mma.m_cost_max(3, 4096, 5376) == 1
+
+
 def test_split_major_plans_fit_their_staged_x(monkeypatch):
     """The split-major cluster plans (x too large to stage whole, each block staging its splits' part of K) are offered
     only where x is not staged whole, with whole splits per block, and with the staged x and the partial-sum slots
