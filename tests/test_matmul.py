@@ -480,7 +480,7 @@ def test_m2_decode_kernel_pick_follows_the_h200_measurements():
     faster20 = {("qwen3-32b", "o"), ("llama-3.3-70b", "qkv"), ("qwen3-32b", "qkv")}
     asked = set()
     for model, layer, n, k in model_shapes():
-        if gemv_mma.m_cost_max(2, n, k) < 2:
+        if not gemv_mma.picks_by_cost(2, n, k):
             assert n * k > gemv_mma.WIDE_MAX_ELEMS
             continue
         asked.add((model, layer))
@@ -491,7 +491,7 @@ def test_m2_decode_kernel_pick_follows_the_h200_measurements():
         elif (model, layer) in faster20:
             assert c20 < c16, (model, layer)
     assert faster16 | faster20 <= asked
-    assert gemv_mma.m_cost_max(1, 57344, 8192) == 1 and gemv_mma.m_cost_max(3, 4096, 5376) == 1
+    assert gemv_mma.picks_by_cost(1, 57344, 8192) and not gemv_mma.picks_by_cost(3, 4096, 5376)
 
 
 def test_split_major_plans_fit_their_staged_x(monkeypatch):

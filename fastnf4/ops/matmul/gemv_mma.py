@@ -158,7 +158,7 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
     """The variant a call takes by its size: the split small-weight kernel for small weights at M = 1 and the
     smallest at M = 2, the 20-warp decode kernel for mid-size weights at M <= 2, else ``variant(m)`` (``Prepared`` may
     still move a large weight at M <= 2 to the 20-warp kernel: ``wide_above_max``, and picks 16 or 20 warps by
-    ``decode_cost`` where ``m_cost_max`` allows). The one-warp-per-row
+    ``decode_cost`` where ``picks_by_cost``). The one-warp-per-row
     small-weight kernel (SMALL) is no longer chosen by size (session 24); it stays for forced calls."""
     if m == 1 and n * k <= SPLIT_MAX_ELEMS and small_fits(m, k, elem_bytes):
         return SPLIT
@@ -176,14 +176,14 @@ def wide_for_split(m: int, n: int, k: int) -> bool:
     return m == 1 and n * k > WIDE_LOCAL_MIN_ELEMS
 
 
-def m_cost_max(m: int, n: int, k: int) -> int:
-    """The largest M at which ``Prepared`` lets ``decode_cost`` pick between the 16- and 20-warp decode kernels for
-    this weight: M = 1 everywhere (session 21), and since session 26 M = 2 on the weights ``choose`` gives the 20-warp
-    kernel by size (<= WIDE_MAX_ELEMS). H200, probe_decode.py 0 w n at FASTNF4_PROBE_M=2, sets mid and small, two
+def picks_by_cost(m: int, n: int, k: int) -> bool:
+    """Whether ``Prepared`` lets ``decode_cost`` pick between the 16- and 20-warp decode kernels for this call: at
+    M = 1 everywhere (session 21), and since session 26 at M = 2 on the weights ``choose`` gives the 20-warp kernel by
+    size (<= WIDE_MAX_ELEMS). H200, probe_decode.py 0 w n at FASTNF4_PROBE_M=2, sets mid and small, two
     rounds equal within 0.2 us (results/h200-probe-decode-m2-wn.txt), us 20 / 16 warps: Gemma q 9.3 / 8.9, o 11.1 /
     10.5, qkv 13.1 / 12.6, k+v 7.5 / 7.0 (16 picked), Qwen o 13.7 / 15.6 (20 picked), Llama q+o 17.3 / 17.4 and Qwen q
     12.0 / 12.0 (ties; 16 picked); the larger weights keep ``wide_above_max`` at M = 2."""
-    return 2 if m == 2 and n * k <= WIDE_MAX_ELEMS else 1
+    return m == 1 or (m == 2 and n * k <= WIDE_MAX_ELEMS)
 
 
 def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
@@ -422,7 +422,7 @@ class Prepared:
         occ20 = lib.occupancy[(dt, DECODE_WIDE, int(nested))]
         if kernel is None and v == SPLIT and local is not False and occ20 > 0 and wide_for_split(m, n, k):
             v = DECODE_WIDE
-        if kernel is None and m <= m_cost_max(m, n, k) and v in (0, DECODE_WIDE) and local is not False:
+        if kernel is None and picks_by_cost(m, n, k) and v in (0, DECODE_WIDE) and local is not False:
             occ16 = lib.occupancy[(dt, 0, int(nested))]
             if occ16 > 0 and occ20 > 0:  # the cheaper of the two by ``decode_cost``
                 costs = {w: decode_cost(m, n, k, lib.sms * o, lib.warps[w],
