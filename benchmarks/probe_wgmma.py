@@ -4,6 +4,7 @@ bf16 cuBLAS and fastnf4 dequantize + cuBLAS for every model weight of >= 8 MB pa
 usage: python benchmarks/probe_wgmma.py [JSON] [--quick | --mid | --m512 | --small | --tiny | --ms 64,256]
                                         [--checks] [--verbose]
 --ms: those M; since session 26 every M's providers are timed with their replays interleaved (harness.time_graphs);
+--kv: the weights under 8 MB (the k+v projections) instead of the others;
 --small: M = 8 / 16 / 24 / 32 with the CUDA GEMM kernel of gemv_mma.cu (the path there before) timed too;
 --tiny: the same at M = 3 / 4 / 6 / 8 (BM 16 only)."""
 import json
@@ -68,7 +69,7 @@ ms = (tuple(int(v) for v in sys.argv[sys.argv.index("--ms") + 1].split(",")) if 
       else (8, 16, 24, 32) if "--small" in sys.argv else (3, 4, 6, 8) if "--tiny" in sys.argv
       else (64, 128, 256, 512, 2048))
 for model, layer, n, k in model_shapes():
-    if (n, k) in seen or n * k // 2 < 8e6:
+    if (n, k) in seen or (n * k // 2 < 8e6) != ("--kv" in sys.argv):
         continue
     seen.add((n, k))
     if quick and model != "llama-3.3-70b" and layer not in ("o", "gate_up"):
