@@ -105,12 +105,12 @@ def test_wgmma_dispatch_on_model_shapes():
     # M 3-8 (probe_small_m_plans.py --all --m 4,8 and probe_wgmma_wide_tail.py, session 18): every weight of >= 20M
     # elements (Llama gate_up since the wide-weight tail plan); M 9-32 (probe_small_m_plans.py --all, session 17; at
     # M 17-32 probe_wgmma.py --small before) the same; and since session 26 (probe_wgmma.py --kv) the k+v projections
-    # at M 3-64 too, Llama's and Gemma's up to M = 128
+    # at M 3-32 too, Llama's and Qwen's (N = 1024) at M 33-64, Llama's and Gemma's at M 65-128
     assert set(taken[3]) == set(taken[8]) == big | kv
     assert set(taken[9]) == set(taken[16]) == set(taken[17]) == set(taken[32]) == big | kv
     # M 33-256 (probe_wgmma.py --ms 64,256,512, session 26): every weight from 20M elements (Gemma q / o at M = 64 and
     # the qkv projections of N = 10240 at M = 256 since then)
-    assert set(taken[33]) == set(taken[64]) == big | kv
+    assert set(taken[33]) == set(taken[64]) == big | {(1024, 8192), (1024, 5120)}
     assert set(taken[65]) == set(taken[128]) == big | {(1024, 8192), (2048, 5376)}
     assert set(taken[256]) == big
     # M 257-512 (the same probe): the N = 8192 weights from 20M elements and the gate_up projections (N >= 40960)

@@ -144,8 +144,10 @@ def mma_wanted(m: int, n: int, k: int) -> bool:
 #   054b21a, results/h200-probe-wgmma-kv.json): the wgmma kernel ahead of both dequantize + cuBLAS and the GEMM kernel
 #   at M 4-64 on all three (Llama 9.7-12.6 us against 13.8-15.0 / 13.3-33.8; Qwen 8.8-11.4 against 11.5-12.0; Gemma
 #   12.4-15.6 against 15.6-16.9 / 13.1-33.3) and at M = 128 on Llama / Gemma (15.0 / 16.9 against 16.1 / 19.6, Qwen
-#   13.9 against 12.8); behind from M = 256. So narrow weights (N <= 2048) from 5M elements up to M = 64 and from 8M
-#   up to M = 128 (at M 4-16 Llama's is even level with cuBLAS: 9.7-9.9 against 9.7-9.9 us).
+#   13.9 against 12.8); behind from M = 256. So narrow weights (N <= 2048) from 5M elements up to M = 32 and from 8M
+#   at M 65-128 (at M 4-16 Llama's is even level with cuBLAS: 9.7-9.9 against 9.7-9.9 us); at M 33-64 only N <= 1024:
+#   there the kernel runs 64-row x tiles, with which Gemma's (N = 2048) lost in the bench at 7c21521 (18.1 against
+#   16.9 us; the probe's 15.6 was with 128-row tiles).
 #
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
 # under any of which a weight takes the wgmma kernel; at M <= 2 and above M = 512 none.
@@ -155,7 +157,7 @@ WGMMA_RULES = (
     (8, ((20 * 2**20, 0, _ANY, _ANY), (5 * 2**20, 0, 2048, _ANY))),
     (16, ((20 * 2**20, 0, _ANY, _ANY), (5 * 2**20, 0, 2048, _ANY))),
     (32, ((20 * 2**20, 0, _ANY, _ANY), (5 * 2**20, 0, 2048, _ANY))),
-    (64, ((20 * 2**20, 0, _ANY, _ANY), (5 * 2**20, 0, 2048, _ANY))),
+    (64, ((20 * 2**20, 0, _ANY, _ANY), (5 * 2**20, 0, 1024, _ANY))),
     (128, ((20 * 2**20, 0, _ANY, _ANY), (8 * 2**20, 0, 2048, _ANY))),
     (256, ((20 * 2**20, 0, _ANY, _ANY),)),
     (512, ((20 * 2**20, 8192, 8192, _ANY), (200 * 2**20, 40960, _ANY, _ANY))),
