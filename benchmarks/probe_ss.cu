@@ -31,21 +31,7 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
   const int nsteps_all = static_cast<int>(K / 64);
   const int s0 = static_cast<int>(split * p.per);
   const int nsteps = min(nsteps_all - s0, static_cast<int>(p.per));
-  // table: entry v = (code[v >> 4], code[v & 15]) as float32, 16 copies (lanes l and l + 16 share copy l & 15)
-  {
-    const float lo = __ldg(p.code + (tid >> 4)), hi = __ldg(p.code + (tid & 15));
-    const uint32_t e = table + (static_cast<uint32_t>(tid) << 8);
-#if defined(PROBE_SS_FAST)  // 32 copies of the bf16 pair (the codes rounded to bf16)
-    const uint32_t pr = pack_bf16(lo, hi);
-#pragma unroll
-    for (int c = 0; c < 32; c += 4) sts128(e + 4 * c, pr, pr, pr, pr);
-#else
-#pragma unroll
-    for (int c = 0; c < 16; c += 2)
-      sts128(e + 8 * c, __float_as_uint(lo), __float_as_uint(hi), __float_as_uint(lo), __float_as_uint(hi));
-#endif
-    if (kNested) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(ncs + 4 * tid), "f"(__ldg(p.nested_code + tid)));
-  }
+  build_tables<kNested, 8>(p, table, ncs, tid);  // the pair table (256-byte entries) and the nested codes
   const float offset = kNested ? __ldg(p.offset) : 0.f;
   // this thread's weight row and its copies: 2 x 16 bytes per step into its ring slot
   const int n = tid;

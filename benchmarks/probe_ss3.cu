@@ -52,20 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1) ss_kernel(const __grid_constant__
   const long long m0 = static_cast<long long>(blockIdx.y) * kBM;
   const int s0 = static_cast<int>(split * p.per);
   const int nsteps = min(static_cast<int>(K / 64) - s0, static_cast<int>(p.per));
-  if (tid < 256) {  // table: entry v = (code[v >> 4], code[v & 15]), 16 float32 copies or 32 bf16 ones
-    const float lo = __ldg(p.code + (tid >> 4)), hi = __ldg(p.code + (tid & 15));
-    const uint32_t e = table + (static_cast<uint32_t>(tid) << 7);
-#if defined(PROBE_SS_FAST)
-    const uint32_t pr = pack_bf16(lo, hi);
-#pragma unroll
-    for (int c = 0; c < 32; c += 4) sts128(e + 4 * c, pr, pr, pr, pr);
-#else
-#pragma unroll
-    for (int c = 0; c < 16; c += 2)
-      sts128(e + 8 * c, __float_as_uint(lo), __float_as_uint(hi), __float_as_uint(lo), __float_as_uint(hi));
-#endif
-    if (kNested) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(ncs + 4 * tid), "f"(__ldg(p.nested_code + tid)));
-  }
+  if (tid < 256) build_tables<kNested, 7>(p, table, ncs, tid);  // the pair table and the nested codes
   if (tid == 0) {
     for (int s = 0; s < 2 * kXS; ++s) mbar_init(full_x + 8 * s, 1);
     for (int s = 0; s < kDec * kWS; ++s) mbar_init(full_w + 8 * s, 1);

@@ -159,6 +159,25 @@ __device__ __forceinline__ void load_quad(const Params& p, long long blk, uint32
   }
 }
 
+// Thread v (< 256) writes entry v of the pair table at table + (v << kShift), its first 128 bytes: (code[v >> 4],
+// code[v & 15]) as 16 float32 copies (lanes l and l + 16 read copy l & 15), or with PROBE_SS_FAST 32 bf16 copies (the
+// codes rounded to bf16); and nested code v.
+template <bool kNested, int kShift>
+__device__ __forceinline__ void build_tables(const Params& p, uint32_t table, uint32_t ncs, int v) {
+  const float lo = __ldg(p.code + (v >> 4)), hi = __ldg(p.code + (v & 15));
+  const uint32_t e = table + (static_cast<uint32_t>(v) << kShift);
+#if defined(PROBE_SS_FAST)
+  const uint32_t pr = pack_bf16(lo, hi);
+#pragma unroll
+  for (int c = 0; c < 32; c += 4) sts128(e + 4 * c, pr, pr, pr, pr);
+#else
+#pragma unroll
+  for (int c = 0; c < 16; c += 2)
+    sts128(e + 8 * c, __float_as_uint(lo), __float_as_uint(hi), __float_as_uint(lo), __float_as_uint(hi));
+#endif
+  if (kNested) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(ncs + 4 * v), "f"(__ldg(p.nested_code + v)));
+}
+
 // The register-table decode of one weight row and K step (PROBE_SS_REGLUT of probe_ss3.cu, probe_ss4.cu): the row's
 // 16 dequantized values of the step, exactly bf16(code[i] x a), as byte planes (lo / hi bytes of entries 4q .. 4q + 3
 // in L[q] / H[q]) for PRMT lookups of 4 codes each; the step's 64 codes (the 8 packed words) go to the row's 128-byte
