@@ -94,19 +94,22 @@ def test_wgmma_dispatch_on_model_shapes():
     from fastnf4.bench.harness import model_shapes
 
     def path(m, n, k):
-        return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n, k), wgmma_ok=True)
+        return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_candidate(m, n, k, 64), wgmma_ok=True)
 
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
-             for mm in (1, 2, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
+             for mm in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
     assert taken[1] == taken[2] == [] and taken[513] == taken[2048] == []
+    # M 3-4 (probe_pair_cols.py, session 27): every model weight on gemv_mma.cu's pair-column decode kernel instead
+    assert taken[3] == taken[4] == []
+    assert all(path(mm, n, k) == "mma" for mm in (3, 4) for _, _, n, k in model_shapes())
     big = {(n, k) for _, _, n, k in model_shapes() if n * k >= 20 * 2**20}
     kv = {(1024, 8192), (1024, 5120), (2048, 5376)}  # the k+v projections (5-11M elements)
     assert kv == {(n, k) for _, _, n, k in model_shapes() if n * k < 20 * 2**20}
-    # M 3-8 (probe_small_m_plans.py --all --m 4,8 and probe_wgmma_wide_tail.py, session 18): every weight of >= 20M
+    # M 5-8 (probe_small_m_plans.py --all --m 4,8 and probe_wgmma_wide_tail.py, session 18): every weight of >= 20M
     # elements (Llama gate_up since the wide-weight tail plan); M 9-32 (probe_small_m_plans.py --all, session 17; at
     # M 17-32 probe_wgmma.py --small before) the same; and since session 26 (probe_wgmma.py --kv) the k+v projections
     # at M 3-32 too, Llama's and Qwen's (N = 1024) at M 33-64, Llama's and Gemma's at M 65-128
-    assert set(taken[3]) == set(taken[8]) == big | kv
+    assert set(taken[5]) == set(taken[8]) == big | kv
     assert set(taken[9]) == set(taken[16]) == set(taken[17]) == set(taken[32]) == big | kv
     # M 33-256 (probe_wgmma.py --ms 64,256,512, session 26): every weight from 20M elements (Gemma q / o at M = 64 and
     # the qkv projections of N = 10240 at M = 256 since then)

@@ -58,6 +58,8 @@ def test_matches_arithmetic_model(n, k, blocksize, nested, dtype):
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
         ref = _model(q, x, bias)
         kernels = [gemv_mma.variant(m)] + ([gemv_mma.DECODE_WIDE] if m <= 2 else [])
+        if m <= 4 and blocksize >= 64 and k % 64 == 0:  # the pair-column decode kernels
+            kernels += [gemv_mma.PAIR, gemv_mma.PAIR_WIDE]
         for kernel in kernels:
             for splits in (None, (1, slices), (3, -(-slices // 3)), (11, -(-slices // 11))):  # 11: sums of > 8 partials
                 y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
@@ -142,17 +144,21 @@ def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
     gives the bits of the global settle (float32 partials in global memory, summed by the last arrival) for the same
     plan: both add the parts in split order. S that divide the block's warps and S that do not, parts on two blocks
     of a cluster (S = 24 > 20 warps), many rounds per warp (40000 rows), M = 1 and 2, both decode kernels (16 and 20
-    warps), bias or none; fresh data, outputs poisoned; and the arithmetic model holds, also for the default plan
-    and in a graph."""
+    warps), bias or none; the pair-column decode kernels (two holes per item) at M 1-4 where K % 64 == 0; fresh data,
+    outputs poisoned; and the arithmetic model holds, also for the default plan and in a graph."""
     torch.manual_seed(n + k)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=64, double_quant=nested)
     slices = -(-k // 128)
-    for m in (1, 2):
+    pair = (gemv_mma.PAIR, gemv_mma.PAIR_WIDE) if k % 64 == 0 else ()
+    for m in (1, 2, 3, 4):
+        kernels = ((0, gemv_mma.DECODE_WIDE) if m <= 2 else ()) + pair
+        if not kernels:
+            continue
         x = torch.randn(m, k, device="cuda", dtype=dtype)
-        bias = torch.randn(n, device="cuda", dtype=dtype) if m == 1 else None
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
         ref = _model(q, x, bias)
         tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
-        for kernel in (0, gemv_mma.DECODE_WIDE):
+        for kernel in kernels:
             for s, lc in ((2, 1), (3, 1), (5, 1), (8, 1), (3, 2), (12, 2), (24, 2), (3, 3), (6, 3), (24, 3)):
                 per = -(-slices // s)
                 if -(-slices // per) != s or per < 1:
@@ -172,9 +178,10 @@ def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
                 assert torch.isfinite(ys[0]).all() and torch.equal(ys[0], ys[1]), (m, kernel, s, lc)
                 assert ((ys[0].double() - ref).abs() <= tol).all(), (m, kernel, s, lc)
         y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-        gemv_mma.launch(x, *linear_args(q, bias), y=y, kernel=0)
+        gemv_mma.launch(x, *linear_args(q, bias), y=y, kernel=kernels[0])
         assert ((y.double() - ref).abs() <= tol).all()
-        prepared = gemv_mma.Prepared(x, *linear_args(q, bias), splits=(2, -(-slices // 2)), kernel=0, local=True)
+        prepared = gemv_mma.Prepared(x, *linear_args(q, bias), splits=(2, -(-slices // 2)), kernel=kernels[0],
+                                     local=True)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             yg = prepared(x)
@@ -305,6 +312,27 @@ def test_block_local_split_k_refuses_what_it_cannot_do():
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="block-local"):  # 32768 tiles: > 16 rounds of 8 per block below 256 SMs
         gemv_mma.launch(x, *linear_args(big), splits=(2, 1), kernel=0, local=True)
+
+
+def test_forced_kernels_refuse_what_they_do_not_cover():
+    """A forced kernel variant never leaves rows of y unwritten or mixes blocks into one absmax: the decode kernels
+    take M <= 2, the pair-column ones M <= 4 with blocksize >= 64 and K % 64 == 0, the GEMM kernels M <= 8 / 16 / 32;
+    anything else is an error that says so, and y keeps its poison."""
+    q = fastnf4.quantize(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) * 0.05)
+    for m, kernel in ((3, 0), (3, gemv_mma.DECODE_WIDE), (9, 1), (17, 2), (5, gemv_mma.PAIR), (5, gemv_mma.PAIR_WIDE)):
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        y = torch.full((m, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+        with pytest.raises((RuntimeError, ValueError), match="gemv_mma"):
+            gemv_mma.launch(x, *linear_args(q), y=y, kernel=kernel)
+        torch.cuda.synchronize()
+        assert torch.isnan(y).all(), (m, kernel)
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    for bad in (fastnf4.quantize(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16), blocksize=32),
+                fastnf4.quantize(torch.randn(256, 480, device="cuda", dtype=torch.bfloat16))):
+        xb = x[:, : bad.shape[1]].contiguous()
+        with pytest.raises(ValueError, match="pair-column"):
+            gemv_mma.launch(xb, *linear_args(bad), kernel=gemv_mma.PAIR)
+        assert not gemv_mma.pair_wanted(4, bad.shape[0], bad.shape[1], bad.blocksize)
 
 
 @pytest.mark.parametrize("nested, shift", [(True, 1), (True, 4), (True, 8), (False, 4), (False, 8)])

@@ -4,6 +4,9 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M                         | path                                                            |
 |---------------------------|-----------------------------------------------------------------|
+| 3 .. 4 (CUDA build there) | decode kernel of ``gemv_mma.cu`` with pair columns (one column  |
+|                           | group holds 4 x rows) on weights of >= 4M elements where        |
+|                           | blocksize >= 64 and K % 64 == 0 (``gemv_mma.pair_wanted``)      |
 | 3 .. 512 (sm_90, CUDA     | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
 | build there)              | where it beat the GEMM kernel (M <= 32) or dequantize + cuBLAS  |
 |                           | (``wgmma_wanted``)                                              |
@@ -171,7 +174,15 @@ def wgmma_wanted(m: int, n: int, k: int) -> bool:
     return False
 
 
+def mma_candidate(m: int, n: int, k: int, blocksize: int) -> bool:
+    """Whether the kernels of gemv_mma.cu are wanted for this call (where built and supported): ``mma_wanted``, or at
+    M 3-4 its pair-column decode kernel (``gemv_mma.pair_wanted``)."""
+    return mma_wanted(m, n, k) or gemv_mma.pair_wanted(m, n, k, blocksize)
+
+
 def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wgmma_ok: bool = False) -> str:
+    if mma_ok and gemv_mma.pair_wanted(m, n, k, blocksize):  # M 3-4: the pair-column decode kernel (before wgmma)
+        return "mma"
     if wgmma_ok and wgmma_wanted(m, n, k):
         return "wgmma"
     if mma_ok and mma_wanted(m, n, k):
@@ -195,7 +206,7 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
               manual_bf16: bool = False) -> str:
     """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported)."""
     m = x2d.shape[0]
-    mma_ok = (not manual_bf16 and mma_wanted(m, n, k)
+    mma_ok = (not manual_bf16 and mma_candidate(m, n, k, blocksize)
               and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
     wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k)
                 and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))

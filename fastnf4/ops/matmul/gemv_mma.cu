@@ -732,9 +732,17 @@ struct Cursor {
 // session 21): 4-14% faster on every staged weight (Llama gate_up 89.9 -> 78.6 us, q+o 17.9 -> 16.3); unpredicated
 // loads (the other lanes reading a zero hole) and a block barrier after the first weight slice instead of after x
 // alone were each slower than the register path.
-template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0, bool kXs = false>
+// kPair (variants 7 / 8, M <= 4): B column n stands for (x row n / 2, chunk pair n % 2) instead of (x row n / 4,
+// chunk n % 4): lane (g, t) carries x row g / 2 at its chunk t when g % 2 == t / 2. A pair of 32-code chunks (64
+// codes) lies in one quantization block where the blocksize is >= 64 and K % 64 == 0 (the host's condition), so one
+// absmax per C column still holds, and one column group covers four x rows: the same decode, x loads and mma per
+// slice as at M <= 2. Lane (g, t) then ends with x row t's two pair columns of rows g and g + 8 (no shuffle). x in
+// registers only (no staged-x build); with the block-local split-K a work item's partial sums (16 rows x 4 x rows) take
+// two holes (x rows 0-1, 2-3), so a block holds half as many.
+template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0, bool kXs = false, bool kPair = false>
 __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   static_assert(!kXs || CG == 1, "staged x covers M <= 2");
+  static_assert(!kPair || (CG == 1 && kLocal != 3 && !kXs), "pair columns: one column group, x in registers");
   static_assert(kLocal != 3 || kXs, "split-major global plans stage x");
   constexpr bool kBlock = kLocal == 1 || kLocal == 2;  // the block-local split-K (partial sums in shared memory)
   using C = pipe::Cfg<CG, kCfg>;
@@ -826,6 +834,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const uint32_t lane_base = (smem_s + tpad) | (4 * lane);  // table address (a multiple of 65536) | 4 l
   // the upper 128 bytes of each 256-byte table entry are free: the block-local split-K keeps partial sums there
   const uint32_t holes_s = smem_s + tpad + 128;
+  // block-local split-K: the shared address of (x row m, tile row r) in partial-sum slot ``slot`` (one hole of 16 rows
+  // x 2 x rows; pair columns: two holes, x rows 0-1 and 2-3)
+  auto slot_at = [&](uint32_t slot, int m, int r) -> uint32_t {
+    return kPair ? holes_s + 256u * (2 * slot + (m >> 1)) + 4u * (16 * (m & 1) + r)
+                 : holes_s + 256u * slot + 4u * (16 * m + r);
+  };
+  constexpr uint32_t kSlotHoles = kPair ? 2 : 1;
   uint32_t round = 0;  // work items this warp has finished
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(wsm)) + 16 * lane;
   const long long N = p.N, K = p.K;
@@ -890,8 +905,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   bool xon[CG];
 #pragma unroll
   for (int c = 0; c < CG; ++c) {
-    const long long m = 2 * c + (g >> 2);
-    xon[c] = ((g & 3) == t) && m < p.M;
+    const long long m = kPair ? (g >> 1) : 2 * c + (g >> 2);
+    xon[c] = (kPair ? (g & 1) == (t >> 1) : (g & 3) == t) && m < p.M;
     xoff[c] = static_cast<uint32_t>(xon[c] ? m * K : 0) + 32 * t;
   }
   auto load_x = [&](const Cursor& c, uint4 (&xb)[CG][4]) {
@@ -1106,6 +1121,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       const uint32_t a = pin_stats + 16u * static_cast<uint32_t>(rel & (kPhase - 1));
       asm("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(sA.x), "=f"(sA.y) : "r"(a));
       asm("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(sB.x), "=f"(sB.y) : "r"(a + 4u * 8 * kStatStride));
+    } else if constexpr (kPair) {
+      // the absmax of chunk pairs 0 / 1 (chunks 0 / 2; each pair's two chunks hold the same value)
+      const int j = (rel & (kPhase - 1)) * 4;
+      const float4 qa = *reinterpret_cast<const float4*>(stats + g * kStatStride + j);
+      const float4 qb = *reinterpret_cast<const float4*>(stats + (g + 8) * kStatStride + j);
+      sA = make_float2(qa.x, qa.z);
+      sB = make_float2(qb.x, qb.z);
     } else {
       const int j = (rel & (kPhase - 1)) * 4 + c0;
       sA = *reinterpret_cast<const float2*>(stats + g * kStatStride + j);
@@ -1123,9 +1145,20 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 
     // the work item is complete: write its 16 rows (partial sums with split-K), then move to the next item
     // (block-local split-K: this warp's round-th item goes to table hole round x kWarps + warp)
-    if constexpr (kBlock) {
+    if constexpr (kBlock && kPair) {
+      // x row t's sums of rows g / g + 8 into the item's two holes (slot_at)
+      const uint32_t a = slot_at(round * C::kWarps + warp, t, g);
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(acc[0][0] + acc[0][1]) : "memory");
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a + 32), "f"(acc[0][2] + acc[0][3]) : "memory");
+      ++round;
+    } else if constexpr (kBlock) {
       finish_item<T, CG>(p, acc, cp.tile, cp.split, lane, holes_s + 256u * (round * C::kWarps + warp));
       ++round;
+    } else if constexpr (kPair) {
+      // x row t's pair columns of rows g / g + 8 (put skips x rows past M)
+      const long long rowA = cp.tile * 16 + g;
+      put<T>(p, cp.split, t, rowA, acc[0][0] + acc[0][1]);
+      put<T>(p, cp.split, t, rowA + 8, acc[0][2] + acc[0][3]);
     } else {
       finish_item<T, CG>(p, acc, cp.tile, cp.split, lane);
     }
@@ -1178,7 +1211,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     for (int e = crank * C::kThreads + threadIdx.x;; e += lc * C::kThreads) {
       const int i = e / per_round, rem = e - i * per_round;
       const long long first = (cid + (long long)i * nclusters) * tpb;
-      if (i * C::kWarps >= pipe::kHoles - (kXs ? static_cast<int>(p.xs) : 0) || first >= tiles) break;
+      if (static_cast<int>(kSlotHoles) * i * C::kWarps >= pipe::kHoles - (kXs ? static_cast<int>(p.xs) : 0) ||
+          first >= tiles)
+        break;
       const int lt = rem / (16 * m_rows), mr = rem - lt * 16 * m_rows, m = mr >> 4, r = mr & 15;
       const long long row = (first + lt) * 16 + r;
       if (row >= N) continue;
@@ -1186,14 +1221,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       if constexpr (kLocal == 2) {
         for (int z = 0; z < splits; ++z) {
           const int owner = p.lsplit ? z * tpb + lt : lt * splits + z;  // the cluster warp that took split z
-          v += ld_cluster_f32(holes_s + 256u * (i * C::kWarps + owner % C::kWarps) + 4u * (16 * m + r),
-                              owner / C::kWarps);
+          v += ld_cluster_f32(slot_at(i * C::kWarps + owner % C::kWarps, m, r), owner / C::kWarps);
         }
       } else {
-        const uint32_t a = holes_s + 256u * (i * C::kWarps + lt * splits) + 4u * (16 * m + r);
+        const uint32_t a = slot_at(i * C::kWarps + lt * splits, m, r);
         for (int z = 0; z < splits; ++z) {
           float q;
-          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(q) : "r"(a + 256u * z) : "memory");
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(q) : "r"(a + 256u * kSlotHoles * z) : "memory");
           v += q;
         }
       }
@@ -1738,7 +1772,8 @@ __global__ void __launch_bounds__(split::kThreads, kM == 1 ? 3 : 2) gemv_split(c
 
 // Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
 // 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.choose``); 5 = the decode kernel
-// with 20 warps x 4 stages (``gemv_mma.choose``); 6 = the split small-weight kernel (M = 1). M = 3-4 take the GEMM
+// with 20 warps x 4 stages (``gemv_mma.choose``); 6 = the split small-weight kernel (M = 1); 7 / 8 = the decode
+// kernel of 16 / 20 warps with pair columns (M <= 4, blocksize >= 64, K % 64 == 0; see kPair). M = 3-4 take the GEMM
 // kernel: on the H200 it beat the decode kernel with 2 column groups there (gate_up 166 vs 172 us, down 75 vs
 // 88 us; NOTES.md session 4).
 template <typename T, bool kNested>
@@ -1751,6 +1786,8 @@ void* pick(int variant) {
     case 4: return (void*)gemv_small<T, kNested>;
     case 5: return (void*)gemv_mma_pipe<T, 1, kNested, 1>;
     case 6: return (void*)gemv_split<T, kNested>;
+    case 7: return (void*)gemv_mma_pipe<T, 1, kNested, 0, 0, false, true>;
+    case 8: return (void*)gemv_mma_pipe<T, 1, kNested, 1, 0, false, true>;
   }
   return nullptr;
 }
@@ -1766,6 +1803,15 @@ void* pick_decode(int local) {
          : local == 0 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, kXs>
                       : nullptr;
 }
+// the pair-column decode kernels' block-local builds (x in registers only)
+template <typename T, bool kNested, int kCfg>
+void* pick_pair(int local, bool xs) {
+  if (xs) return nullptr;
+  return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, false, true>
+         : local == 1 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 1, false, true>
+         : local == 0 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, false, true>
+                      : nullptr;
+}
 template <typename T, bool kNested>
 void* pick_local(int variant, int local, bool xs) {
 #if defined(FASTNF4_NO_XS)  // A / B builds: the decode kernels without staged x (fastnf4_gemv_mma_xs says so)
@@ -1774,6 +1820,8 @@ void* pick_local(int variant, int local, bool xs) {
   switch (variant) {
     case 0: return xs ? pick_decode<T, kNested, 0, true>(local) : pick_decode<T, kNested, 0, false>(local);
     case 5: return xs ? pick_decode<T, kNested, 1, true>(local) : pick_decode<T, kNested, 1, false>(local);
+    case 7: return pick_pair<T, kNested, 0>(local, xs);
+    case 8: return pick_pair<T, kNested, 1>(local, xs);
   }
   return nullptr;
 }
@@ -1800,9 +1848,9 @@ void* split_m2(int dtype, int nested) {
 
 int threads_for(int variant) {
   switch (variant) {
-    case 0: return pipe::Cfg<1>::kThreads;
+    case 0: case 7: return pipe::Cfg<1>::kThreads;
     case 4: return small::kThreads;
-    case 5: return pipe::Cfg<1, 1>::kThreads;
+    case 5: case 8: return pipe::Cfg<1, 1>::kThreads;
     case 6: return split::kThreads;
   }
   return gemm::kThreads;
@@ -1810,12 +1858,12 @@ int threads_for(int variant) {
 
 int smem_for(int variant) {
   switch (variant) {
-    case 0: return pipe::Cfg<1>::kSmem;
+    case 0: case 7: return pipe::Cfg<1>::kSmem;
     case 1: return gemm::Cfg<1>::kSmem;
     case 2: return gemm::Cfg<2>::kSmem;
     case 3: return gemm::Cfg<4>::kSmem;
     case 4: return small::kXBytes;
-    case 5: return pipe::Cfg<1, 1>::kSmem;
+    case 5: case 8: return pipe::Cfg<1, 1>::kSmem;
     case 6: return split::kXBytes;
   }
   return 0;
@@ -1824,7 +1872,7 @@ int smem_for(int variant) {
 // weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block),
 // one per warp for the small-weight kernel, 8 per block for the M = 1 small-weight kernel
 int rows_for(int variant) {
-  return variant == 0 || variant == 5 ? 16 : variant == 4 ? small::kWarps : variant == 6 ? split::kBlockRows
+  return variant == 0 || variant == 5 || variant == 7 || variant == 8 ? 16 : variant == 4 ? small::kWarps : variant == 6 ? split::kBlockRows
                                                                                           : 16 * gemm::kWarps;
 }
 
@@ -1871,7 +1919,7 @@ int fastnf4_gemv_mma_occupancy(int dtype, int variant, int nested) {
 // after fastnf4_gemv_mma_occupancy set the kernel's attributes).
 int fastnf4_gemv_mma_clusters(int dtype, int variant, int nested, int size) {
   int least = -1;
-  for (int xs = 0; xs < 2; ++xs) {  // the least of the two x paths' builds
+  for (int xs = 0; xs < (variant == 7 || variant == 8 ? 1 : 2); ++xs) {  // the least of the x paths' builds
     void* f = fastnf4_mma::kernel_for(dtype, variant, nested, 2, xs != 0);
     if (f == nullptr || size < 1 || size > 8) return 0;
     cudaLaunchConfig_t cfg = {};
@@ -1913,6 +1961,15 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
   void* f = variant == 6 && p->M == 2 ? fastnf4_mma::split_m2(dtype, nested)
                                       : fastnf4_mma::kernel_for(dtype, variant, nested, build, p->xs > 0);
   if (variant == 6 && (p->M < 1 || p->M > 2)) return (int)cudaErrorInvalidValue;
+  // the rows of x each variant covers (a forced variant never leaves rows of y unwritten)
+  const long long max_m = variant == 0 || variant == 4 || variant == 5 || variant == 6 ? 2 : variant == 7 || variant == 8
+                          ? 4 : variant == 1 ? 8 : variant == 2 ? 16 : 32;
+  if (p->M < 1 || p->M > max_m) return (int)cudaErrorInvalidValue;
+  // pair columns: M <= 4 (32-bit x offsets: M K < 2^32), whole chunk pairs per block, x in registers, no split-major
+  // plans
+  if ((variant == 7 || variant == 8) && (p->M < 1 || p->M > 4 || p->blocksize < 64 || p->K % 64 != 0 ||
+                                         p->M * p->K >= (1LL << 32) || p->xs > 0 || p->gsplit || p->lsplit))
+    return (int)cudaErrorInvalidValue;
   // split-major clusters: every block holds whole splits (tpb tiles x S parts = lcluster x warps)
   const long long kw = fastnf4_mma::threads_for(variant) / 32;
   const bool lsplit = p->lsplit != 0;

@@ -61,7 +61,7 @@ class _Lib:
         lib.fastnf4_gemv_mma_clusters.restype = ctypes.c_int
         # clusters of the decode kernels' block-local build resident at once (for local_plan), asked now
         self.clusters = {(d, v, nested, c): lib.fastnf4_gemv_mma_clusters(d, v, nested, c)
-                         for d in (0, 1) for v in (0, DECODE_WIDE) for nested in (0, 1) for c in CLUSTER_SIZES}
+                         for d in (0, 1) for v in DECODES for nested in (0, 1) for c in CLUSTER_SIZES}
 
 
 @functools.cache
@@ -104,10 +104,14 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
 
 
-VARIANTS = (0, 1, 2, 3, 4, 5, 6)
+VARIANTS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
 SPLIT = 6  # the M <= 2 small-weight kernel (CUDA cores, rows split over warp pairs; gemv_split in gemv_mma.cu)
 DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block instead of 16 x 6
+# the decode kernels (16 / 20 warps) with pair columns: M <= 4 where blocksize >= 64 and K % 64 == 0 (gemv_mma.cu kPair;
+# x in registers; a block-local work item's partial sums take two holes)
+PAIR, PAIR_WIDE = 7, 8
+DECODES = (0, DECODE_WIDE, PAIR, PAIR_WIDE)
 # M = 1 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE. H200, session 13 (NOTES.md; probe_decode.py,
 # probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
 # 15.0 us, Llama qkv 23.9 -> 22.3, q+o 20.1 -> 19.8, Qwen q 16.1 -> 14.9, Qwen qkv 18.2 -> 17.3, Gemma qkv 16.8 ->
@@ -169,6 +173,27 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
     return variant(m)
 
 
+# M 3-4: the pair-column decode kernels (gemv_mma.cu kPair) on weights of at least PAIR_MIN_ELEMS elements, where a
+# 64-code chunk pair lies in one quantization block (blocksize >= 64, K % 64 == 0). H200, session 27
+# (benchmarks/probe_pair_cols.py, results/h200-probe-pair-cols-local.json, interleaved graph timing, us at M = 3 / 4,
+# the pair kernel against the wgmma kernel's 8-row x tiles that took these sizes before): faster on all 20 model
+# weights at M = 3 (1.01-1.53x: Llama gate_up 102.2 vs 129.6, Qwen down 34.1 vs 46.0, Gemma k+v 7.6 vs 11.6, Gemma o
+# 13.0 vs 13.1) and on 19 at M = 4 (1.02-1.50x; Gemma o 13.6 vs 13.1). Below the k+v projections' 5M elements: not
+# measured, so the other paths.
+PAIR_MIN_ELEMS = 4 * 2**20
+# 16 or 20 warps: the cheaper by ``decode_cost`` (pair = True), the 20-warp build's cost scaled by PAIR_WIDE_FACTOR. In
+# that probe the unscaled model picked the slower build on 9 of 20 weights (up to 11%: Qwen q 15.3 vs 13.8 us at M = 3);
+# the 20-warp build ran faster than its cost said wherever the two costs were within ~8%, so with 0.92 the pick is
+# within 3% of the faster build on all 40 (weight, M) (Llama gate_up 102.2 vs 99.3), 0.4% on average. The k+v
+# projections' 20-warp plans (unsplit: 1300 against 80) stay far off.
+PAIR_WIDE_FACTOR = 0.92
+
+
+def pair_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
+    """Whether a call at M 3-4 takes the pair-column decode kernel (see PAIR_MIN_ELEMS)."""
+    return 3 <= m <= 4 and blocksize >= 64 and k % 64 == 0 and n * k >= PAIR_MIN_ELEMS
+
+
 def wide_for_split(m: int, n: int, k: int) -> bool:
     """Whether a weight ``choose`` gives the split small-weight kernel takes a decode kernel instead (``Prepared``:
     the 20-warp one, then the cheaper of 16 and 20 warps by ``decode_cost``): M = 1 and more than
@@ -228,19 +253,22 @@ def global_split_holes(m: int, n: int, k: int, warps: int, block_warps: int, s: 
 GLOBAL_SETTLE_COST = 1.17
 
 
-def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int] | None = None) -> float:
+def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int] | None = None,
+                pair: bool = False) -> float:
     """The model cost of the decode kernel of ``block_warps`` warps on ``blocks`` resident blocks for this weight (its
-    default plan, block-local where ``local_plan`` takes it): see GLOBAL_SETTLE_COST."""
+    default plan, block-local where ``local_plan`` takes it): see GLOBAL_SETTLE_COST. ``pair``: the pair-column build
+    (two holes per block-local item, no staged x)."""
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
     tiles = -(-n // 16)
-    lp = local_plan(n, k, blocks, block_warps, s, per, clusters, holes=LOCAL_HOLES - x_holes(m, k),
-                    stage_m=split_stage_m(m, k))
+    lp = local_plan(n, k, blocks, block_warps, s, per, clusters,
+                    holes=LOCAL_HOLES // 2 if pair else LOCAL_HOLES - x_holes(m, k),
+                    stage_m=0 if pair else split_stage_m(m, k))
     if lp is not None:
         _, p, tpb, c, ls = lp
         rounds = -(-tiles // (local_groups(blocks, c, clusters or {}) * tpb))
         return rounds * (p + ITEM_COST) * block_warps * (STAGED_X_GAIN if ls else 1.0)
     rounds = -(-tiles * s // (blocks * block_warps))
-    gain = STAGED_X_GAIN if global_split_holes(m, n, k, blocks * block_warps, block_warps, s, per) else 1.0
+    gain = STAGED_X_GAIN if not pair and global_split_holes(m, n, k, blocks * block_warps, block_warps, s, per) else 1.0
     return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0) * gain
 
 
@@ -431,6 +459,8 @@ class Prepared:
                 v = 0 if costs[0] <= costs[DECODE_WIDE] else DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
+        if kernel is None and pair_wanted(m, n, k, blocksize):
+            v = _pick_pair(lib, m, n, k, dt, nested)
         if v == SPLIT and m > 2:
             raise ValueError("gemv_mma: the split small-weight kernel takes M = 1 or 2")
         if v in (SMALL, SPLIT):
@@ -446,10 +476,16 @@ class Prepared:
         rows = lib.rows[v]
         # the decode kernel's workers are warps (one 16-row item each), the GEMM kernel's are blocks
         per_block = lib.warps[v] if rows == 16 else 1
-        cost = DECODE_SPLIT_COST if m <= 2 and v in (0, DECODE_WIDE) else SPLIT_COST
-        decode = m <= 2 and v in (0, DECODE_WIDE)
-        # staged x: the plans leave its holes free in every build; only builds that have it are told to use it
-        xh = x_holes(m, k) if decode else 0
+        pair = v in (PAIR, PAIR_WIDE)
+        if pair and (m > 4 or blocksize < 64 or k % 64):
+            raise ValueError("gemv_mma: the pair-column decode kernel takes M <= 4, blocksize >= 64, K % 64 == 0")
+        decode = (m <= 2 and v in (0, DECODE_WIDE)) or pair
+        cost = DECODE_SPLIT_COST if decode else SPLIT_COST
+        # staged x: the plans leave its holes free in every build; only builds that have it are told to use it (the
+        # pair-column builds: none)
+        xh = x_holes(m, k) if decode and not pair else 0
+        # block-local partial-sum slots per block (a pair-column item takes two holes)
+        slots = (LOCAL_HOLES - xh) // (2 if pair else 1)
         tpb = 0  # tiles per block (cluster) and round of the block-local split-K (0: off)
         lc = 1   # blocks per cluster sharing them
         ls = 0   # 1: split-major clusters (each block holds whole splits and stages only their part of x)
@@ -459,8 +495,8 @@ class Prepared:
         if decode and local is not False and splits is None:
             s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
             lp = local_plan(n, k, sms * occ, per_block, s, per, clusters if local_cluster is None else
-                            {c: r for c, r in clusters.items() if c == local_cluster}, holes=LOCAL_HOLES - xh,
-                            stage_m=split_stage_m(m, k) if decode else 0)
+                            {c: r for c, r in clusters.items() if c == local_cluster}, holes=slots,
+                            stage_m=split_stage_m(m, k) if decode and not pair else 0)
             if lp is not None:
                 s, per, tpb, lc, ls = lp
             elif local:
@@ -472,9 +508,11 @@ class Prepared:
             lc = local_cluster or 1
             groups = local_groups(sms * occ, lc, clusters)
             tpb = lc * per_block // s if 1 < s <= lc * per_block and groups > 0 else 0
-            if tpb == 0 or -(-tiles // (groups * tpb)) * per_block > LOCAL_HOLES - xh:
+            if tpb == 0 or -(-tiles // (groups * tpb)) * per_block > slots:
                 raise ValueError(f"gemv_mma: no block-local split-K of {s} parts in clusters of {lc} here")
             ls = int(bool(local_split))
+            if ls and pair:
+                raise ValueError("gemv_mma: the pair-column decode kernel has no split-major plans")
             if ls and (lc < 2 or tpb * s != lc * per_block or per_block % tpb):
                 raise ValueError(f"gemv_mma: no split-major block-local split-K of {s} parts in clusters of {lc}")
         if tpb == 0:
@@ -492,7 +530,7 @@ class Prepared:
         # x too large to stage whole, global split-K with one item per warp: split-major items (gemv_mma.cu
         # Params.gsplit), so that each block stages only the one or two splits its warps take
         gs = 0
-        if decode and tpb == 0 and lib.xs:
+        if decode and not pair and tpb == 0 and lib.xs:
             gh = global_split_holes(m, n, k, sms * occ * per_block, per_block, s, per)
             if gh:
                 xs, gs = gh, 1
@@ -539,6 +577,18 @@ class Prepared:
         if rc != 0:
             raise RuntimeError(f"gemv_mma launch failed (cudaError {rc})")
         return y
+
+
+def _pick_pair(lib: _Lib, m: int, n: int, k: int, dt: int, nested: bool) -> int:
+    """The pair-column decode kernel of 16 or 20 warps (the one that fits, else the cheaper by ``decode_cost``), or
+    ``variant(m)`` where neither fits."""
+    occ = {v: lib.occupancy[(dt, v, int(nested))] for v in (PAIR, PAIR_WIDE)}
+    if min(occ.values()) <= 0:
+        return PAIR if occ[PAIR] > 0 else PAIR_WIDE if occ[PAIR_WIDE] > 0 else variant(m)
+    costs = {v: decode_cost(m, n, k, lib.sms * o, lib.warps[v],
+                            {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in local_clusters()}, pair=True)
+             for v, o in occ.items()}
+    return PAIR_WIDE if costs[PAIR_WIDE] * PAIR_WIDE_FACTOR <= costs[PAIR] else PAIR
 
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
