@@ -89,7 +89,8 @@ def test_dispatch_table():
 
 def test_wgmma_dispatch_on_model_shapes():
     """Where the Hopper kernel takes over from the GEMM kernel or dequantize + cuBLAS (H200, probe_wgmma.py, bench
-    matmul): none at M <= 2, every weight of >= 20M elements at M 3-32, of >= 32M at M <= 64, of >= 20M at M <= 128,
+    matmul): none at M <= 4 (M 3-4: the pair-column decode kernel), every weight of >= 20M elements at M 5-32, of >= 32M
+    at M <= 64, of >= 20M at M <= 128,
     most at M <= 256, the largest at M <= 512, none above."""
     from fastnf4.bench.harness import model_shapes
 
