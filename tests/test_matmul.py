@@ -564,3 +564,27 @@ def test_wgmma_rounded_code_variants_match_the_source():
     default = re.search(r"#else\s+constexpr int kFastMaxBM = (\d+);", src)
     assert default is not None and int(default.group(1)) == wgmma.FAST_MAX_BM
     assert wgmma.FAST_MAX_BM in wgmma.BLOCK_M
+
+
+def test_pair_build_pick_on_model_shapes():
+    """M 3-4 (session 27, benchmarks/probe_pair_cols.py on the H200: 132 SMs, one block per SM, 66 clusters of two): the
+    16- / 20-warp pick of the pair-column decode kernel takes the build that measured faster where the two differed by
+    more than 3%: 20 warps on Qwen q (13.8 vs 15.3 us at M = 3), Llama q+o, Qwen gate+up and Gemma gate+up (block-local
+    20-warp plans), 16 on the k+v projections (20-warp plans unsplit) and on Gemma o / down (both builds settle
+    globally); and every model weight at M 3-4 takes a pair build, none below 4M elements or with blocksize 32."""
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma as g
+
+    def pick(m, n, k):
+        costs = [g.decode_cost(m, n, k, 132, w, {2: 66}, pair=True) for w in (16, 20)]
+        return g.pick_pair_build(costs[0], costs[1], g.settles_globally(m, n, k, 132, 20, {2: 66}, pair=True))
+
+    for m in (3, 4):
+        for n, k in ((8192, 5120), (8192, 8192), (25600, 5120), (21504, 5376)):
+            assert pick(m, n, k) == g.PAIR_WIDE, (m, n, k)
+        for n, k in ((1024, 8192), (1024, 5120), (2048, 5376), (5376, 4096), (5376, 21504)):
+            assert pick(m, n, k) == g.PAIR, (m, n, k)
+        assert all(g.pair_wanted(m, n, k, 64) for _, _, n, k in model_shapes())
+    assert not g.pair_wanted(2, 8192, 8192, 64) and not g.pair_wanted(5, 8192, 8192, 64)
+    assert not g.pair_wanted(4, 8192, 8192, 32) and not g.pair_wanted(4, 8192, 8160, 64)
+    assert not g.pair_wanted(4, 1024, 2048, 64)  # 2M elements: below the measured sizes

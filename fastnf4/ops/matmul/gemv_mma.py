@@ -181,12 +181,19 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
 # 13.0 vs 13.1) and on 19 at M = 4 (1.02-1.50x; Gemma o 13.6 vs 13.1). Below the k+v projections' 5M elements: not
 # measured, so the other paths.
 PAIR_MIN_ELEMS = 4 * 2**20
-# 16 or 20 warps: the cheaper by ``decode_cost`` (pair = True), the 20-warp build's cost scaled by PAIR_WIDE_FACTOR. In
-# that probe the unscaled model picked the slower build on 9 of 20 weights (up to 11%: Qwen q 15.3 vs 13.8 us at M = 3);
-# the 20-warp build ran faster than its cost said wherever the two costs were within ~8%, so with 0.92 the pick is
-# within 3% of the faster build on all 40 (weight, M) (Llama gate_up 102.2 vs 99.3), 0.4% on average. The k+v
-# projections' 20-warp plans (unsplit: 1300 against 80) stay far off.
+# 16 or 20 warps: the cheaper by ``decode_cost`` (pair = True), the 20-warp build's cost scaled by PAIR_WIDE_FACTOR
+# unless its plan settles globally (``settles_globally``). In that probe the unscaled model picked the slower build on 9
+# of 20 weights (up to 11%: Qwen q 15.3 vs 13.8 us at M = 3); the 20-warp build with a block-local plan ran faster than
+# its cost said wherever the two costs were within ~8%, but where both builds settle globally (Gemma o and down: 336
+# row tiles, no block-local plan) the 16-warp one was faster (12.8 / 13.2 vs 13.0 / 13.6 us, 31.7 / 33.7 vs 32.1 /
+# 34.3 at M = 3 / 4). So the pick is within 3% of the faster build on all 40 (weight, M) (Llama gate_up 102.2 vs
+# 99.3), 0.3% on average. The k+v projections' 20-warp plans (unsplit: 1300 against 80) stay far off.
 PAIR_WIDE_FACTOR = 0.92
+
+
+def pick_pair_build(cost16: float, cost20: float, global20: bool) -> int:
+    """PAIR or PAIR_WIDE from the two builds' ``decode_cost`` and whether the 20-warp plan settles globally."""
+    return PAIR_WIDE if cost20 * (1.0 if global20 else PAIR_WIDE_FACTOR) <= cost16 else PAIR
 
 
 def pair_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
@@ -258,6 +265,17 @@ def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters:
     """The model cost of the decode kernel of ``block_warps`` warps on ``blocks`` resident blocks for this weight (its
     default plan, block-local where ``local_plan`` takes it): see GLOBAL_SETTLE_COST. ``pair``: the pair-column build
     (two holes per block-local item, no staged x)."""
+    return _decode_plan(m, n, k, blocks, block_warps, clusters, pair)[0]
+
+
+def settles_globally(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int] | None = None,
+                     pair: bool = False) -> bool:
+    """Whether that default plan splits K with the global settle (no block-local plan)."""
+    return _decode_plan(m, n, k, blocks, block_warps, clusters, pair)[1]
+
+
+def _decode_plan(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int] | None,
+                 pair: bool) -> tuple[float, bool]:
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
     tiles = -(-n // 16)
     lp = local_plan(n, k, blocks, block_warps, s, per, clusters,
@@ -266,10 +284,10 @@ def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters:
     if lp is not None:
         _, p, tpb, c, ls = lp
         rounds = -(-tiles // (local_groups(blocks, c, clusters or {}) * tpb))
-        return rounds * (p + ITEM_COST) * block_warps * (STAGED_X_GAIN if ls else 1.0)
+        return rounds * (p + ITEM_COST) * block_warps * (STAGED_X_GAIN if ls else 1.0), False
     rounds = -(-tiles * s // (blocks * block_warps))
     gain = STAGED_X_GAIN if not pair and global_split_holes(m, n, k, blocks * block_warps, block_warps, s, per) else 1.0
-    return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0) * gain
+    return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0) * gain, s > 1
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
@@ -585,10 +603,10 @@ def _pick_pair(lib: _Lib, m: int, n: int, k: int, dt: int, nested: bool) -> int:
     occ = {v: lib.occupancy[(dt, v, int(nested))] for v in (PAIR, PAIR_WIDE)}
     if min(occ.values()) <= 0:
         return PAIR if occ[PAIR] > 0 else PAIR_WIDE if occ[PAIR_WIDE] > 0 else variant(m)
-    costs = {v: decode_cost(m, n, k, lib.sms * o, lib.warps[v],
-                            {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in local_clusters()}, pair=True)
+    plans = {v: _decode_plan(m, n, k, lib.sms * o, lib.warps[v],
+                             {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in local_clusters()}, True)
              for v, o in occ.items()}
-    return PAIR_WIDE if costs[PAIR_WIDE] * PAIR_WIDE_FACTOR <= costs[PAIR] else PAIR
+    return pick_pair_build(plans[PAIR][0], plans[PAIR_WIDE][0], plans[PAIR_WIDE][1])
 
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
