@@ -14,7 +14,7 @@ import torch
 import fastnf4
 from fastnf4.api import linear_args
 from fastnf4.ops.matmul import gemv_mma, wgmma
-from probe_weights import check_and_time, model_weights, rotated, write_rows
+from probe_weights import check_and_time, model_weights, production, rotated, write_rows
 
 MS = [int(v) for v in sys.argv[sys.argv.index("--m") + 1].split(",")] if "--m" in sys.argv else [8, 16, 32]
 ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
@@ -67,12 +67,6 @@ def run(v, x, q, y=None):
         return wgmma.launch(x, *linear_args(q), y=y, splits=v["splits"], full_tiles=v.get("full_tiles"),
                             bm=v.get("bm"))
     return gemv_mma.launch(x, *linear_args(q), y=y, splits=v.get("splits"))
-
-
-def production(x, q, y=None):
-    """fastnf4.linear (the dispatcher's own pick), into ``y`` when given."""
-    out = fastnf4.linear(x, q)
-    return out if y is None else y.copy_(out)
 
 
 def main():

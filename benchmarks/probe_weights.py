@@ -31,6 +31,29 @@ def rotated(w, q):
             [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)])
 
 
+def production(x, q, y=None):
+    """fastnf4.linear (the dispatcher's own pick), into ``y`` when given."""
+    out = fastnf4.linear(x, q)
+    return out if y is None else y.copy_(out)
+
+
+def error_ratio(launch, m, n, k, blocksize, nested, bias, dtype):
+    """A fresh random weight (std 0.02, NF4 of ``blocksize``, double quant ``nested``), x [m, k] and (``bias``) a bias
+    in ``dtype``; ``launch(x, q, b, y)`` writes y (poisoned with NaN first). Returns (its relative Frobenius error
+    against a float64 product with the dequantized weight, divided by cuBLAS's on that weight; whether y is finite)."""
+    w = torch.randn(n, k, dtype=dtype, device="cuda") * 0.02
+    q = fastnf4.quantize(w, blocksize=blocksize, double_quant=nested)
+    wd = fastnf4.dequantize(q, dtype)
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
+    ref = x.double() @ wd.double().T + (b.double() if bias else 0)
+    y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    launch(x, q, b, y)
+    torch.cuda.synchronize()
+    rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
+    return rel(y) / rel(torch.nn.functional.linear(x, wd, b)), bool(torch.isfinite(y).all())
+
+
 def check_and_time(x, wd, ws, qs, runs, what):
     """Each of ``runs`` (name -> run(x, q, y=None)) first checked on x with a NaN-poisoned output: its error against a
     float64 product with the dequantized weight ``wd`` within 2x that of cuBLAS on ``wd`` (the issue's budget for the

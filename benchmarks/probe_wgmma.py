@@ -18,6 +18,7 @@ from fastnf4.api import linear_args
 from fastnf4.bench.common import clone_weight
 from fastnf4.bench.harness import model_shapes, rotation_count, time_graphs
 from fastnf4.ops.matmul import gemv_mma, wgmma
+from probe_weights import error_ratio
 
 torch.manual_seed(0)
 out = {"env": {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("FASTNF4_COMMIT", "?"),
@@ -36,19 +37,10 @@ for dtype in (torch.bfloat16, torch.float16):
         (17, 1000, 5376, 64, True, True, None, None), (32, 8192, 1024, 256, True, False, 32, 2),
         (24, 128, 64, 64, False, True, 16, None),
     ]:
-        w = torch.randn(n, k, dtype=dtype, device="cuda") * 0.02
-        q = fastnf4.quantize(w, blocksize=bs, double_quant=nested)
-        wd = fastnf4.dequantize(q, dtype)
-        x = torch.randn(m, k, dtype=dtype, device="cuda")
-        b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
-        ref = x.double() @ wd.double().T + (b.double() if bias else 0)
-        y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        wgmma.launch(x, *linear_args(q, b), y=y, bm=bm, splits=splits)
-        torch.cuda.synchronize()
-        rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()  # noqa: E731
-        cub = torch.nn.functional.linear(x, wd, b)
-        ratio = rel(y) / rel(cub)
-        ok = bool(torch.isfinite(y).all()) and ratio <= 2.0
+        ratio, finite = error_ratio(lambda x, q, b, y, bm=bm, splits=splits:
+                                    wgmma.launch(x, *linear_args(q, b), y=y, bm=bm, splits=splits),
+                                    m, n, k, bs, nested, bias, dtype)
+        ok = finite and ratio <= 2.0
         fails += not ok
         worst = max(worst, ratio)
         out["check"].append(dict(dtype=str(dtype), M=m, N=n, K=k, blocksize=bs, nested=nested, bias=bias, bm=bm,
