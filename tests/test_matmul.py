@@ -10,7 +10,7 @@ import fastnf4
 from fastnf4 import _triton
 from fastnf4.api import linear_args
 from fastnf4.codebooks import kernel_code
-from fastnf4.ops.matmul import dispatch
+from fastnf4.ops.matmul import dispatch, gemv_mma
 
 PATHS = ["gemv", "gemm", "dequant+matmul"]
 
@@ -95,7 +95,8 @@ def test_wgmma_dispatch_on_model_shapes():
     from fastnf4.bench.harness import model_shapes
 
     def path(m, n, k):
-        return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_candidate(m, n, k, 64), wgmma_ok=True)
+        return dispatch.choose_path(m, n, k, 64, mma_ok=dispatch.mma_wanted(m, n, k), wgmma_ok=True,
+                                    pair_ok=gemv_mma.pair_wanted(m, n, k, 64))
 
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
              for mm in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
@@ -588,3 +589,15 @@ def test_pair_build_pick_on_model_shapes():
     assert not g.pair_wanted(2, 8192, 8192, 64) and not g.pair_wanted(5, 8192, 8192, 64)
     assert not g.pair_wanted(4, 8192, 8192, 32) and not g.pair_wanted(4, 8192, 8160, 64)
     assert not g.pair_wanted(4, 1024, 2048, 64)  # 2M elements: below the measured sizes
+
+
+def test_pair_kernel_only_where_it_runs():
+    """Where the pair-column kernel cannot run (not resident, or no CUDA build), M 3-4 keeps the other rules: a weight
+    of 5M elements (Qwen k+v) stays off the GEMM kernel (below MMA_RULES' 6M at M <= 4), a larger one takes it; with
+    the pair kernel both take "mma"."""
+    for n, k, mma_path in ((1024, 5120, False), (8192, 8192, True)):
+        for m in (3, 4):
+            mma_ok = dispatch.mma_wanted(m, n, k)
+            assert mma_ok == mma_path
+            assert (dispatch.choose_path(m, n, k, 64, mma_ok=mma_ok, pair_ok=False) == "mma") == mma_path
+            assert dispatch.choose_path(m, n, k, 64, mma_ok=mma_ok, wgmma_ok=True, pair_ok=True) == "mma"

@@ -174,14 +174,12 @@ def wgmma_wanted(m: int, n: int, k: int) -> bool:
     return False
 
 
-def mma_candidate(m: int, n: int, k: int, blocksize: int) -> bool:
-    """Whether the kernels of gemv_mma.cu are wanted for this call (where built and supported): ``mma_wanted``, or at
-    M 3-4 its pair-column decode kernel (``gemv_mma.pair_wanted``)."""
-    return mma_wanted(m, n, k) or gemv_mma.pair_wanted(m, n, k, blocksize)
-
-
-def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wgmma_ok: bool = False) -> str:
-    if mma_ok and gemv_mma.pair_wanted(m, n, k, blocksize):  # M 3-4: the pair-column decode kernel (before wgmma)
+def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wgmma_ok: bool = False,
+                pair_ok: bool = False) -> str:
+    """``mma_ok`` / ``wgmma_ok``: the kernels of gemv_mma.cu / wgmma.cu are wanted here (``mma_wanted``,
+    ``wgmma_wanted``) and can run; ``pair_ok``: gemv_mma.cu's pair-column decode kernel is (M 3-4,
+    ``gemv_mma.pair_wanted``), which then comes first."""
+    if pair_ok:
         return "mma"
     if wgmma_ok and wgmma_wanted(m, n, k):
         return "wgmma"
@@ -206,11 +204,14 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
               manual_bf16: bool = False) -> str:
     """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported)."""
     m = x2d.shape[0]
-    mma_ok = (not manual_bf16 and mma_candidate(m, n, k, blocksize)
+    pair = not manual_bf16 and gemv_mma.pair_wanted(m, n, k, blocksize)
+    mma_ok = (not manual_bf16 and (mma_wanted(m, n, k) or pair)
               and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
+    pair_ok = pair and mma_ok and gemv_mma.pair_resident(x2d, nested)
+    mma_ok = mma_ok and mma_wanted(m, n, k)
     wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k)
                 and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
-    return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok)
+    return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok, pair_ok)
 
 
 def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,

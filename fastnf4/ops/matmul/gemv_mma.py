@@ -97,6 +97,14 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
             and _resident(x2d, m, nested))
 
 
+def pair_resident(x2d: torch.Tensor, nested: bool) -> bool:
+    """Whether a pair-column decode kernel fits on this GPU (else ``Prepared`` falls back to ``variant(m)``, so the
+    dispatcher keeps its other rules)."""
+    lib = _lib_for(_index(x2d.device))
+    dt = _DTYPES[x2d.dtype]
+    return lib is not None and max(lib.occupancy[(dt, v, int(nested))] for v in (PAIR, PAIR_WIDE)) > 0
+
+
 def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     # built here, and the kernel for this M fits on this GPU (the kernels ask for 150-200 KiB of shared memory
     # per block: Hopper and A100 class; smaller parts take the Triton paths)
