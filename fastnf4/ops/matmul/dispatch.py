@@ -15,7 +15,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | >= 6M elements, at M 5-8 >= 10M, then N >= 4096 (M <= 16) /     |
 |                           | N >= 8192 (M <= 32): ``MMA_RULES``; at M = 1 the                |
 |                           | weights of <= 16M elements (k/v) take its CUDA-core split       |
-|                           | small-weight kernel (``gemv_mma.WIDE_LOCAL_MIN_ELEMS``), at     |
+|                           | small-weight kernel (``gemv_mma.SPLIT_MAX_ELEMS``), at          |
 |                           | M = 2 those of <= 9M its two-row build                          |
 |                           | (``gemv_mma.SMALL_MAX_ELEMS``), and at M <= 2 those of <= 96M   |
 |                           | elements (and larger ones, ``gemv_mma.wide_above_max``) its     |

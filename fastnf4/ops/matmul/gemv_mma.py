@@ -143,17 +143,14 @@ SMALL_MAX_ELEMS = 9 * 2**20
 # At M = 1 the split kernel takes the weights of at most this many elements instead (x staged the same way). H200
 # (benchmarks/probe_gemv_split.py, graph timing; its configuration 2 warps x 2 rows x 4 chunks per row and round was
 # within 4% of the best of 24 on each weight): Llama k/v 5.5 us (small-weight kernel 8.5), Qwen k/v 4.6 (6.8), Gemma
-# k/v 6.7 (9.3), Gemma q / o 11.0 / 11.1 (20-warp decode kernel 12.6 / 12.5); Qwen q 17.0 against 14.9.
-SPLIT_MAX_ELEMS = 24 * 2**20
-# ... except that from WIDE_LOCAL_MIN_ELEMS elements the decode kernels take them (``Prepared``; ``decode_cost`` then
-# picks 16 or 20 warps; on the model weights: Gemma q / o). H200, session 19 (probe_decode.py 0 w,
-# FASTNF4_PROBE_SET=small, two rounds): Gemma q 10.4-10.5 us against 11.0-11.1 for the split kernel, but Gemma o (no
-# block-local plan) 12.5 against 11.4, so until session 26 only weights with a block-local plan moved; session 26
-# (probe_decode.py 0 sp w n, same set, two rounds, results/h200-probe-decode-small-m1.txt), after the decode
-# kernel's later gains: Gemma o 10.1-10.2 us on 16 warps (its global plan, x staged split-major), 10.7 on 20, 11.4
-# split; Gemma q 8.4 (16 warps, block-local) against 11.2 split. The k/v projections (<= 11M elements) stay split:
-# 4.9-6.9 us against 6.3-52.5 on the decode kernels.
-WIDE_LOCAL_MIN_ELEMS = 16 * 2**20
+# k/v 6.7 (9.3), Gemma q / o 11.0 / 11.1 (20-warp decode kernel 12.6 / 12.5); Qwen q 17.0 against 14.9. So it took up
+# to 24M elements until the decode kernels' later gains: session 19 (probe_decode.py 0 w, FASTNF4_PROBE_SET=small,
+# two rounds) moved Gemma q (block-local plan) to them, 10.4-10.5 us against 11.0-11.1, and session 26 (probe_decode.py
+# 0 sp w n, same set, two rounds, results/h200-probe-decode-small-m1.txt) Gemma o too: 10.1-10.2 us on 16 warps (its
+# global plan, x staged split-major), 10.7 on 20, 11.4 split (Gemma q 8.4 on 16 warps against 11.2 split); the k/v
+# projections (<= 11M elements) stay split: 4.9-6.9 us against 6.3-52.5 on the decode kernels. Since session 27 the
+# bound is 16M (it was 24M, with the weights above 16M moved back to the decode kernels by a second rule).
+SPLIT_MAX_ELEMS = 16 * 2**20
 
 
 def variant(m: int) -> int:
@@ -209,13 +206,6 @@ def pair_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
     return 3 <= m <= 4 and blocksize >= 64 and k % 64 == 0 and n * k >= PAIR_MIN_ELEMS
 
 
-def wide_for_split(m: int, n: int, k: int) -> bool:
-    """Whether a weight ``choose`` gives the split small-weight kernel takes a decode kernel instead (``Prepared``:
-    the 20-warp one, then the cheaper of 16 and 20 warps by ``decode_cost``): M = 1 and more than
-    WIDE_LOCAL_MIN_ELEMS elements (see there)."""
-    return m == 1 and n * k > WIDE_LOCAL_MIN_ELEMS
-
-
 def picks_by_cost(m: int, n: int, k: int) -> bool:
     """Whether ``Prepared`` lets ``decode_cost`` pick between the 16- and 20-warp decode kernels for this call: at
     M = 1 everywhere (session 21), and since session 26 at M = 2 on the weights ``choose`` gives the 20-warp kernel by
@@ -262,7 +252,7 @@ def global_split_holes(m: int, n: int, k: int, warps: int, block_warps: int, s: 
 # two rounds of 15 weights, NOTES.md): the cost ratio named the faster kernel on 13 of 15 weights (Qwen q 11.8 vs 12.2
 # us and Llama down 47.4 vs 47.5 the misses); the settle factor fits Qwen gate+up (global 16-warp 30.8 vs block-local
 # 20-warp 28.4 us), Gemma gate+up (26.0 vs 27.2) and Gemma gate_up (45.9 vs 44.7). Against the size rules (``choose``,
-# ``wide_above_max``, ``wide_for_split``) it moves Llama q+o (16.2 -> 15.6 us), Gemma qkv (13.1 -> 12.8), Gemma q
+# ``wide_above_max``) it moves Llama q+o (16.2 -> 15.6 us), Gemma qkv (13.1 -> 12.8), Gemma q
 # (9.6 -> 9.2), Gemma gate+up (27.2 -> 26.0), Gemma down (28.7 -> 27.4-28.3) and Qwen q (11.8 -> 12.2, the miss) to 16
 # warps and Qwen gate_up (49.1 -> 48.2) to 20. M = 2 keeps the size rules (not measured).
 GLOBAL_SETTLE_COST = 1.17
@@ -474,8 +464,6 @@ class Prepared:
                 wide_above_max(m, n, k, lib.sms * lib.occupancy[(dt, 0, int(nested))], lib.warps[0])):
             v = DECODE_WIDE
         occ20 = lib.occupancy[(dt, DECODE_WIDE, int(nested))]
-        if kernel is None and v == SPLIT and local is not False and occ20 > 0 and wide_for_split(m, n, k):
-            v = DECODE_WIDE
         if kernel is None and picks_by_cost(m, n, k) and v in (0, DECODE_WIDE) and local is not False:
             occ16 = lib.occupancy[(dt, 0, int(nested))]
             if occ16 > 0 and occ20 > 0:  # the cheaper of the two by ``decode_cost``
