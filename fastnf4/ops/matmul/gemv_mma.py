@@ -119,6 +119,7 @@ DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block ins
 # the decode kernels (16 / 20 warps) with pair columns: M <= 4 where blocksize >= 64 and K % 64 == 0 (gemv_mma.cu kPair;
 # x in registers; a block-local work item's partial sums take two holes)
 PAIR, PAIR_WIDE = 7, 8
+PAIR_ITEM_HOLES = 2  # holes a block-local work item's partial sums take in the pair builds (gemv_mma.cu slot_at)
 DECODES = (0, DECODE_WIDE, PAIR, PAIR_WIDE)
 # M = 1 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE. H200, session 13 (NOTES.md; probe_decode.py,
 # probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
@@ -277,7 +278,7 @@ def _decode_plan(m: int, n: int, k: int, blocks: int, block_warps: int, clusters
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
     tiles = -(-n // 16)
     lp = local_plan(n, k, blocks, block_warps, s, per, clusters,
-                    holes=LOCAL_HOLES // 2 if pair else LOCAL_HOLES - x_holes(m, k),
+                    holes=LOCAL_HOLES // PAIR_ITEM_HOLES if pair else LOCAL_HOLES - x_holes(m, k),
                     stage_m=0 if pair else split_stage_m(m, k))
     if lp is not None:
         _, p, tpb, c, ls = lp
@@ -499,7 +500,7 @@ class Prepared:
         # pair-column builds: none)
         xh = x_holes(m, k) if decode and not pair else 0
         # block-local partial-sum slots per block (a pair-column item takes two holes)
-        slots = (LOCAL_HOLES - xh) // (2 if pair else 1)
+        slots = (LOCAL_HOLES - xh) // (PAIR_ITEM_HOLES if pair else 1)
         tpb = 0  # tiles per block (cluster) and round of the block-local split-K (0: off)
         lc = 1   # blocks per cluster sharing them
         ls = 0   # 1: split-major clusters (each block holds whole splits and stages only their part of x)
