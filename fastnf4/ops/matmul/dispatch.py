@@ -205,10 +205,10 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
     """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported)."""
     m = x2d.shape[0]
     pair = not manual_bf16 and gemv_mma.pair_wanted(m, n, k, blocksize)
-    mma_ok = (not manual_bf16 and (mma_wanted(m, n, k) or pair)
-              and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
-    pair_ok = pair and mma_ok and gemv_mma.pair_resident(x2d, nested)
-    mma_ok = mma_ok and mma_wanted(m, n, k)
+    mma = not manual_bf16 and mma_wanted(m, n, k)
+    supported = (mma or pair) and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize)
+    pair_ok = pair and supported and gemv_mma.pair_resident(x2d, nested)
+    mma_ok = mma and supported
     wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k)
                 and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
     return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok, pair_ok)

@@ -1773,9 +1773,9 @@ __global__ void __launch_bounds__(split::kThreads, kM == 1 ? 3 : 2) gemv_split(c
 // Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
 // 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.choose``); 5 = the decode kernel
 // with 20 warps x 4 stages (``gemv_mma.choose``); 6 = the split small-weight kernel (M = 1); 7 / 8 = the decode
-// kernel of 16 / 20 warps with pair columns (M <= 4, blocksize >= 64, K % 64 == 0; see kPair). M = 3-4 take the GEMM
-// kernel: on the H200 it beat the decode kernel with 2 column groups there (gate_up 166 vs 172 us, down 75 vs
-// 88 us; NOTES.md session 4).
+// kernel of 16 / 20 warps with pair columns (M <= 4, blocksize >= 64, K % 64 == 0; see kPair), which takes M = 3-4
+// since session 27 (before, the GEMM kernel: on the H200 it had beaten the decode kernel with 2 column groups there,
+// gate_up 166 vs 172 us, down 75 vs 88 us; NOTES.md session 4).
 template <typename T, bool kNested>
 void* pick(int variant) {
   switch (variant) {
@@ -1792,24 +1792,15 @@ void* pick(int variant) {
   return nullptr;
 }
 // the decode kernels' builds by split-K settle (local: 0 global, 1 block-local, 2 over clusters, 3 global with
-// split-major items: staged x only) and x path (kXs)
-template <typename T, bool kNested, int kCfg, bool kXs>
+// split-major items: staged x only), x path (kXs) and columns (kPair: x in registers only)
+template <typename T, bool kNested, int kCfg, bool kXs, bool kPair = false>
 void* pick_decode(int local) {
   if constexpr (kXs) {
     if (local == 3) return (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 3, true>;
   }
-  return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, kXs>
-         : local == 1 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 1, kXs>
-         : local == 0 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, kXs>
-                      : nullptr;
-}
-// the pair-column decode kernels' block-local builds (x in registers only)
-template <typename T, bool kNested, int kCfg>
-void* pick_pair(int local, bool xs) {
-  if (xs) return nullptr;
-  return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, false, true>
-         : local == 1 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 1, false, true>
-         : local == 0 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, false, true>
+  return local == 2 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 2, kXs, kPair>
+         : local == 1 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 1, kXs, kPair>
+         : local == 0 ? (void*)gemv_mma_pipe<T, 1, kNested, kCfg, 0, kXs, kPair>
                       : nullptr;
 }
 template <typename T, bool kNested>
@@ -1820,8 +1811,8 @@ void* pick_local(int variant, int local, bool xs) {
   switch (variant) {
     case 0: return xs ? pick_decode<T, kNested, 0, true>(local) : pick_decode<T, kNested, 0, false>(local);
     case 5: return xs ? pick_decode<T, kNested, 1, true>(local) : pick_decode<T, kNested, 1, false>(local);
-    case 7: return pick_pair<T, kNested, 0>(local, xs);
-    case 8: return pick_pair<T, kNested, 1>(local, xs);
+    case 7: return xs ? nullptr : pick_decode<T, kNested, 0, false, true>(local);
+    case 8: return xs ? nullptr : pick_decode<T, kNested, 1, false, true>(local);
   }
   return nullptr;
 }
@@ -1872,8 +1863,8 @@ int smem_for(int variant) {
 // weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block),
 // one per warp for the small-weight kernel, 8 per block for the M = 1 small-weight kernel
 int rows_for(int variant) {
-  return variant == 0 || variant == 5 || variant == 7 || variant == 8 ? 16 : variant == 4 ? small::kWarps : variant == 6 ? split::kBlockRows
-                                                                                          : 16 * gemm::kWarps;
+  const bool decode = variant == 0 || variant == 5 || variant == 7 || variant == 8;
+  return decode ? 16 : variant == 4 ? small::kWarps : variant == 6 ? split::kBlockRows : 16 * gemm::kWarps;
 }
 
 }  // namespace fastnf4_mma
