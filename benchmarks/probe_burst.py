@@ -1,0 +1,93 @@
+"""The burst decode kernel (benchmarks/probe_burst.cu) at M = 1: checks (error against a float64 product within 2x
+cuBLAS's, NaN-poisoned output, odd N, blocksizes 64-4096, double quant on / off, fp16 / bf16, bias, M = 2), then every
+configuration, fastnf4.linear and bf16 cuBLAS timed in one interleaved graph timing per model weight (K <= 16384).
+usage: python benchmarks/probe_burst.py [OUT.json]"""
+import ctypes
+import os
+
+import torch
+
+import fastnf4
+from fastnf4 import _cuda
+from fastnf4.bench.harness import copy_bandwidth
+from fastnf4.ops.matmul.gemv_mma import Params
+from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
+
+CFGS = {0: "w8 u2 b3", 1: "w8 u4 b2", 2: "w16 u2 b1", 3: "w4 u4 b3", 4: "w4 u8 b3"}
+DIAG = {5: "loads w8 u4", 6: "no stats w8 u4", 7: "weights only w8 u4", 8: "loads w8 u2"}
+
+
+def main():
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_burst.cu")
+    lib = ctypes.CDLL(_cuda.compile_source(src, _cuda.device_arch(0), out_dir="/tmp/probe_burst"))
+    lib.probe_burst.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.probe_burst.restype = ctypes.c_int
+
+    def launcher(cfg):
+        def run(x, q, b=None, y=None):
+            m, k = x.shape
+            n = q.shape[0]
+            if y is None:
+                y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+            nested = q.nested_absmax is not None
+            p = Params(packed=q.packed.data_ptr(), absmax=q.absmax.data_ptr(),
+                       nested_code=q.nested_code.data_ptr() if nested else None,
+                       nested_absmax=q.nested_absmax.data_ptr() if nested else None,
+                       offset=q.offset.data_ptr() if nested else None, x=x.data_ptr(),
+                       bias=b.data_ptr() if b is not None else None, y=y.data_ptr(), M=m, N=n, K=k,
+                       blocksize=q.blocksize, splits=1, slices_per_split=k // 128, code=q.code.data_ptr())
+            rc = lib.probe_burst(ctypes.byref(p), 0 if x.dtype == torch.bfloat16 else 1, int(nested), cfg,
+                                 torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"probe_burst cfg {cfg}: error {rc}")
+            return y
+        return run
+
+    fails = 0
+    for cfg in CFGS:
+        run = launcher(cfg)
+        for (m, n, k, bs, nested, bias, dt) in ((1, 1000, 4096, 64, True, False, torch.bfloat16),
+                                                (1, 1000, 4096, 64, False, True, torch.float16),
+                                                (2, 777, 8192, 128, True, True, torch.bfloat16),
+                                                (2, 512, 1024, 4096, False, False, torch.float16),
+                                                (1, 4096, 16384, 256, True, False, torch.bfloat16),
+                                                (1, 24, 1152, 64, True, True, torch.bfloat16)):
+            r, finite = error_ratio(lambda x, q, b, y: run(x, q, b, y), m, n, k, bs, nested, bias, dt)
+            ok = finite and r <= 2.0
+            fails += not ok
+            if not ok or cfg == 0:
+                print(f"check cfg {CFGS[cfg]} M {m} {n}x{k} bs {bs} nested {nested} bias {bias} {dt}: "
+                      f"err ratio {r:.2f} finite {finite} {'ok' if ok else 'FAIL'}", flush=True)
+    print(f"checks: {fails} failed", flush=True)
+    gbs = copy_bandwidth()["GBps"]
+    rows = []
+    for model, layer, n, k, w, q in model_weights(8e6):
+        if k > 16384:
+            continue
+        ws, qs = rotated(w, q)
+        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+        wd = fastnf4.dequantize(q, torch.bfloat16)
+        runs = {"linear": production}
+        for cfg, name in {**CFGS, **DIAG}.items():
+            r = launcher(cfg)
+            runs[name] = (lambda x, q, y=None, r=r: r(x, q, None, y)) if cfg in CFGS else None
+        diag = {name: launcher(cfg) for cfg, name in DIAG.items()}
+        t, errs = check_and_time(x, wd, ws, qs, {nm: f for nm, f in runs.items() if f is not None}, f"{model} {layer}")
+        # (diagnostic builds: wrong results by design, timed alone after)
+        from fastnf4.bench.harness import time_graphs
+        for name, d in diag.items():
+            t[name] = time_graphs({name: [lambda qq=qq, d=d: d(x, qq) for qq in qs]}, per_graph=20,
+                                  replays=10)[name]["median_us"]
+        floor = q.nbytes() / gbs / 1e3
+        row = {"model": model, "layer": layer, "N": n, "K": k, "floor_us": floor, "us": t, "err": errs}
+        rows.append(row)
+        best = min((v, nm) for nm, v in t.items() if nm in CFGS.values())
+        print(f"{model[:6]:6} {layer:8} floor {floor:5.1f} | " + " ".join(f"{nm} {v:5.1f}" for nm, v in t.items()) +
+              f" | best {best[1]} {100 * floor / best[0]:.0f}% of floor, linear {100 * floor / t['linear']:.0f}%",
+              flush=True)
+        del ws, qs
+    write_rows(rows)
+
+
+if __name__ == "__main__":
+    main()
