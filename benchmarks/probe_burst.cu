@@ -174,6 +174,178 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst(const __grid_constan
 }
 
 
+// Persistent form (gemv_burst_p): grid = resident blocks, tiles taken in turn (blockIdx.x + i gridDim.x), the table,
+// nested codes and x set up once per block; each warp's rounds (tile, slices r0 + W u) form one sequence, and the next
+// round's loads (possibly of the next tile) are issued before the current round is decoded (two register buffers).
+// A tile ends with its row sums in shared memory (two buffers by tile parity) and one block barrier.
+template <int U> struct Round {
+  uint4 wa[U], wb[U];
+  uint32_t qa[U], qb[U];
+  float na[U], nb[U];
+};
+
+template <typename T, bool kNested, int W, int U, int kMinB>
+__global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_p(const __grid_constant__ Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [2][W][32]
+  float* nested_code = reinterpret_cast<float*>(smem + 65536);
+  float (*red)[W][32] = reinterpret_cast<float (*)[W][32]>(smem + 65536 + 1024);
+  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) != kBase) __trap();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int K = static_cast<int>(p.K), M = static_cast<int>(p.M);
+  const long long N = p.N, tiles = (N + 15) / 16;
+  const int slices = K >> 7;
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const int c0 = (2 * t) & 3;
+  const uint32_t lane4 = 4u * lane;
+  const bool xon = (g & 3) == t && (g >> 2) < M;
+  const uint32_t x_off = 128u + 256u * static_cast<uint32_t>(((g >> 2) * K + 32 * t) >> 6) + 64u * (t & 1);
+  const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
+  const float* am32 = reinterpret_cast<const float*>(p.absmax);
+
+  pdl_wait();
+  const float code_l = __ldg(p.code + (threadIdx.x & 15));
+  constexpr int kNc = (256 + W * 32 - 1) / (W * 32);
+  float nested_t[kNc];
+#pragma unroll
+  for (int i = 0; i < kNc; ++i) {
+    const int c = i * W * 32 + threadIdx.x;
+    nested_t[i] = kNested && c < 256 ? __ldg(p.nested_code + c) : 0.f;
+  }
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+
+  auto load = [&](Round<U>& b, long long tile, int r0) {
+    const long long rowA = tile * 16 + g, rowB = rowA + 8;
+    const bool onA = tile < tiles && rowA < N, onB = tile < tiles && rowB < N;
+    const uint8_t* pa = p.packed + (onA ? rowA : 0) * (K >> 1) + 16 * t;
+    const uint8_t* pb = p.packed + (onB ? rowB : 0) * (K >> 1) + 16 * t;
+    const long long eA = (onA ? rowA : 0) * K + 32 * c0, eB = (onB ? rowB : 0) * K + 32 * c0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = r0 + W * u;
+      const bool on = s < slices;
+      b.wa[u] = on && onA ? __ldcs(reinterpret_cast<const uint4*>(pa + 64LL * s)) : make_uint4(0, 0, 0, 0);
+      b.wb[u] = on && onB ? __ldcs(reinterpret_cast<const uint4*>(pb + 64LL * s)) : make_uint4(0, 0, 0, 0);
+      const long long ba = (eA + 128LL * (on ? s : 0)) >> log2_bs, bb = (eB + 128LL * (on ? s : 0)) >> log2_bs;
+      if constexpr (kNested) {
+        b.qa[u] = __ldg(am8 + ba);
+        b.qb[u] = __ldg(am8 + bb);
+        b.na[u] = __ldg(p.nested_absmax + (ba >> 8));
+        b.nb[u] = __ldg(p.nested_absmax + (bb >> 8));
+      } else {
+        b.qa[u] = __float_as_uint(__ldg(am32 + ba));
+        b.qb[u] = __float_as_uint(__ldg(am32 + bb));
+        b.na[u] = b.nb[u] = 0.f;
+      }
+    }
+  };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto decode = [&](const Round<U>& b, int r0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = r0 + W * u;
+      if (s >= slices) break;
+      float sa, sb;
+      if constexpr (kNested) {
+        sa = __fadd_rn(__fmul_rn(nested_code[b.qa[u]], b.na[u]), offset);
+        sb = __fadd_rn(__fmul_rn(nested_code[b.qb[u]], b.nb[u]), offset);
+      } else {
+        sa = __uint_as_float(b.qa[u]);
+        sb = __uint_as_float(b.qb[u]);
+      }
+      uint4 xv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+      if (xon) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const uint4*>(smem + x_off + 512u * s + 16u * i);
+      }
+      const uint32_t xw[16] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w,
+                               xv[2].x, xv[2].y, xv[2].z, xv[2].w, xv[3].x, xv[3].y, xv[3].z, xv[3].w};
+      const uint32_t A[4] = {b.wa[u].x, b.wa[u].y, b.wa[u].z, b.wa[u].w};
+      const uint32_t B[4] = {b.wb[u].x, b.wb[u].y, b.wb[u].z, b.wb[u].w};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int j = 2 * (i & 1);
+        const uint32_t a0 = lookup_c(lane4, A[i >> 1], j), a1 = lookup_c(lane4, B[i >> 1], j);
+        const uint32_t a2 = lookup_c(lane4, A[i >> 1], j + 1), a3 = lookup_c(lane4, B[i >> 1], j + 1);
+        mma16816<T>(c, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
+      }
+      acc[0] = fmaf(sa, c[0], acc[0]);
+      acc[1] = fmaf(sa, c[1], acc[1]);
+      acc[2] = fmaf(sb, c[2], acc[2]);
+      acc[3] = fmaf(sb, c[3], acc[3]);
+    }
+  };
+  int parity = 0;
+  auto finish = [&](long long tile) {  // every warp of the block, once per tile
+    float va = acc[0] + acc[1], vb = acc[2] + acc[3];
+    va += __shfl_xor_sync(0xffffffffu, va, 1);
+    vb += __shfl_xor_sync(0xffffffffu, vb, 1);
+    if ((t & 1) == 0) {
+      red[parity][warp][16 * (t >> 1) + g] = va;
+      red[parity][warp][16 * (t >> 1) + g + 8] = vb;
+    }
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    __syncthreads();
+    if (threadIdx.x < 16 * M) {
+      const int m = threadIdx.x >> 4;
+      const long long row = tile * 16 + (threadIdx.x & 15);
+      if (row < N) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) v += red[parity][w][threadIdx.x];
+        Pair<T>::store(p.y, m * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+      }
+    }
+    parity ^= 1;  // (the next tile writes the other buffer; the barrier of that tile orders the reuse of this one)
+  };
+  // the warp's sequence of rounds: (tile, r0), r0 = warp, warp + W U, ... < slices (one round at r0 = warp even where
+  // warp >= slices: an empty one, so that every warp ends every tile)
+  long long tile = blockIdx.x;
+  int r0 = warp;
+  auto next = [&](long long& tl, int& r) {
+    r += W * U;
+    if (r >= slices) {
+      r = warp;
+      tl += gridDim.x;
+    }
+  };
+  Round<U> bufA, bufB;
+  load(bufA, tile, r0);
+  {
+    build_pair_table_from<T>(reinterpret_cast<uint32_t*>(smem), code_l, W * 32);
+#pragma unroll
+    for (int i = 0; i < kNc; ++i) {
+      const int c = i * W * 32 + threadIdx.x;
+      if (kNested && c < 256) nested_code[c] = nested_t[i];
+    }
+    const int pieces = M * K / 8;
+    const uint4* xg = reinterpret_cast<const uint4*>(p.x);
+    for (int i = threadIdx.x; i < pieces; i += W * 32) {
+      *reinterpret_cast<uint4*>(smem + 128 + 256 * (i >> 3) + 16 * (i & 7)) = __ldg(xg + i);
+    }
+    pdl_launch_dependents();
+    __syncthreads();
+  }
+  // two steps per iteration, so that the buffers keep fixed registers
+  auto step = [&](Round<U>& cur, Round<U>& nxt) -> bool {
+    long long tl = tile;
+    int r = r0;
+    next(tl, r);
+    if (tl < tiles) load(nxt, tl, r);
+    decode(cur, r0);
+    if (tl != tile) finish(tile);
+    tile = tl;
+    r0 = r;
+    return tile < tiles;
+  };
+  if (tile < tiles) {
+    while (step(bufA, bufB) && step(bufB, bufA)) {
+    }
+  }
+}
+
 template <typename T, bool kNested, int W, int U, int kDiag, int kMinB>
 int launch_t(const Params* p, cudaStream_t st) {
   auto f = gemv_burst<T, kNested, W, U, kDiag, kMinB>;
@@ -181,6 +353,23 @@ int launch_t(const Params* p, cudaStream_t st) {
   cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return -2;
   f<<<static_cast<unsigned>((p->N + 15) / 16), W * 32, kSmem, st>>>(*p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename T, bool kNested, int W, int U, int kMinB>
+int launch_p(const Params* p, cudaStream_t st) {
+  auto f = gemv_burst_p<T, kNested, W, U, kMinB>;
+  const int kSmem = 65536 + 1024 + W * 256;
+  cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return -2;
+  int blocks = 0, dev = 0, sms = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, W * 32, kSmem);
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long long tiles = (p->N + 15) / 16;
+  const long long grid = tiles < (long long)blocks * sms ? tiles : (long long)blocks * sms;
+  if (grid < 1) return -4;
+  f<<<static_cast<unsigned>(grid), W * 32, kSmem, st>>>(*p);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -196,6 +385,11 @@ int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
     case 6: return launch_t<T, kNested, 8, 4, 2, 2>(p, st);
     case 7: return launch_t<T, kNested, 8, 4, 3, 2>(p, st);
     case 8: return launch_t<T, kNested, 8, 2, 1, 3>(p, st);
+    case 10: return launch_p<T, kNested, 8, 2, 3>(p, st);
+    case 11: return launch_p<T, kNested, 8, 1, 3>(p, st);
+    case 12: return launch_p<T, kNested, 8, 2, 2>(p, st);
+    case 13: return launch_p<T, kNested, 16, 1, 1>(p, st);
+    case 14: return launch_p<T, kNested, 4, 4, 3>(p, st);
   }
   return -1;
 }

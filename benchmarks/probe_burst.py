@@ -9,12 +9,12 @@ import torch
 
 import fastnf4
 from fastnf4 import _cuda
-from fastnf4.bench.harness import copy_bandwidth
+from fastnf4.bench.harness import copy_bandwidth, time_graphs
 from fastnf4.ops.matmul.gemv_mma import Params
 from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
 
-CFGS = {0: "w8 u2 b3", 1: "w8 u4 b2", 2: "w16 u2 b1", 3: "w4 u4 b3", 4: "w4 u8 b3"}
-DIAG = {5: "loads w8 u4", 6: "no stats w8 u4", 7: "weights only w8 u4", 8: "loads w8 u2"}
+CFGS = {0: "w8 u2 b3", 10: "p w8 u2 b3", 11: "p w8 u1 b3", 12: "p w8 u2 b2", 13: "p w16 u1 b1", 14: "p w4 u4 b3"}
+DIAG = {7: "weights only w8 u4"}
 
 
 def main():
@@ -55,7 +55,7 @@ def main():
             r, finite = error_ratio(lambda x, q, b, y: run(x, q, b, y), m, n, k, bs, nested, bias, dt)
             ok = finite and r <= 2.0
             fails += not ok
-            if not ok or cfg == 0:
+            if not ok or cfg == 10:
                 print(f"check cfg {CFGS[cfg]} M {m} {n}x{k} bs {bs} nested {nested} bias {bias} {dt}: "
                       f"err ratio {r:.2f} finite {finite} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"checks: {fails} failed", flush=True)
@@ -74,7 +74,6 @@ def main():
         diag = {name: launcher(cfg) for cfg, name in DIAG.items()}
         t, errs = check_and_time(x, wd, ws, qs, {nm: f for nm, f in runs.items() if f is not None}, f"{model} {layer}")
         # (diagnostic builds: wrong results by design, timed alone after)
-        from fastnf4.bench.harness import time_graphs
         for name, d in diag.items():
             t[name] = time_graphs({name: [lambda qq=qq, d=d: d(x, qq) for qq in qs]}, per_graph=20,
                                   replays=10)[name]["median_us"]
