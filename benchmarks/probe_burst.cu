@@ -28,6 +28,36 @@ __device__ __forceinline__ uint32_t lookup_c(uint32_t lane4, uint32_t w, int j) 
   return v;
 }
 
+// One slice of a lane: x of its chunk from the holes (lanes that carry x; zeros elsewhere), 8 mma of the looked-up
+// code pairs (step i: codes 4i..4i+3, byte 2i -> a0 / a1 and 2i + 1 -> a2 / a3 of rows g / g + 8), the product
+// scaled by the rows' absmax into acc (C columns 2t, 2t + 1 of rows g and g + 8).
+template <typename T>
+__device__ __forceinline__ void decode_slice(float (&acc)[4], uint32_t lane4, const uint8_t* smem, bool xon,
+                                             uint32_t x_at, uint4 wa, uint4 wb, float sa, float sb) {
+  uint4 xv[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+  if (xon) {  // (C++ loads off the array: ptxas keeps its base in a uniform register, LDS [R + UR])
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const uint4*>(smem + x_at + 16u * i);
+  }
+  const uint32_t xw[16] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w,
+                           xv[2].x, xv[2].y, xv[2].z, xv[2].w, xv[3].x, xv[3].y, xv[3].z, xv[3].w};
+  const uint32_t A[4] = {wa.x, wa.y, wa.z, wa.w}, B[4] = {wb.x, wb.y, wb.z, wb.w};
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = 2 * (i & 1);
+    const uint32_t a0 = lookup_c(lane4, A[i >> 1], j), a1 = lookup_c(lane4, B[i >> 1], j);
+    const uint32_t a2 = lookup_c(lane4, A[i >> 1], j + 1), a3 = lookup_c(lane4, B[i >> 1], j + 1);
+    mma16816<T>(c, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
+  }
+  acc[0] = fmaf(sa, c[0], acc[0]);
+  acc[1] = fmaf(sa, c[1], acc[1]);
+  acc[2] = fmaf(sb, c[2], acc[2]);
+  acc[3] = fmaf(sb, c[3], acc[3]);
+}
+
 template <typename T, bool kNested, int W, int U, int kDiag, int kMinB>
 __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [W][32]
@@ -124,29 +154,7 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst(const __grid_constan
         sa = __uint_as_float(qa[u]);
         sb = __uint_as_float(qb[u]);
       }
-      uint4 xv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
-      if (xon) {  // (C++ loads off the array: ptxas keeps its base in a uniform register, LDS [R + UR])
-#pragma unroll
-        for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const uint4*>(smem + x_off + 512u * s + 16u * i);
-      }
-      const uint32_t xw[16] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w,
-                               xv[2].x, xv[2].y, xv[2].z, xv[2].w, xv[3].x, xv[3].y, xv[3].z, xv[3].w};
-      const uint32_t A[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w};
-      const uint32_t B[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {  // codes 4i..4i+3: byte 2i (a0 / a1) and 2i + 1 (a2 / a3) of each row's chunk
-        const int j = 2 * (i & 1);
-        const uint32_t a0 = lookup_c(lane4, A[i >> 1], j), a1 = lookup_c(lane4, B[i >> 1], j);
-        const uint32_t a2 = lookup_c(lane4, A[i >> 1], j + 1), a3 = lookup_c(lane4, B[i >> 1], j + 1);
-        mma16816<T>(c, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
-      }
-      acc[0] = fmaf(sa, c[0], acc[0]);
-      acc[1] = fmaf(sa, c[1], acc[1]);
-      acc[2] = fmaf(sb, c[2], acc[2]);
-      acc[3] = fmaf(sb, c[3], acc[3]);
+      decode_slice<T>(acc, lane4, smem, xon, x_off + 512u * s, wa[u], wb[u], sa, sb);
     }
     r0 += W * U;
     if (r0 < slices) load_round(r0);
@@ -252,29 +260,7 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_p(const __grid_const
         sa = __uint_as_float(b.qa[u]);
         sb = __uint_as_float(b.qb[u]);
       }
-      uint4 xv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
-      if (xon) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const uint4*>(smem + x_off + 512u * s + 16u * i);
-      }
-      const uint32_t xw[16] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w,
-                               xv[2].x, xv[2].y, xv[2].z, xv[2].w, xv[3].x, xv[3].y, xv[3].z, xv[3].w};
-      const uint32_t A[4] = {b.wa[u].x, b.wa[u].y, b.wa[u].z, b.wa[u].w};
-      const uint32_t B[4] = {b.wb[u].x, b.wb[u].y, b.wb[u].z, b.wb[u].w};
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int j = 2 * (i & 1);
-        const uint32_t a0 = lookup_c(lane4, A[i >> 1], j), a1 = lookup_c(lane4, B[i >> 1], j);
-        const uint32_t a2 = lookup_c(lane4, A[i >> 1], j + 1), a3 = lookup_c(lane4, B[i >> 1], j + 1);
-        mma16816<T>(c, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
-      }
-      acc[0] = fmaf(sa, c[0], acc[0]);
-      acc[1] = fmaf(sa, c[1], acc[1]);
-      acc[2] = fmaf(sb, c[2], acc[2]);
-      acc[3] = fmaf(sb, c[3], acc[3]);
+      decode_slice<T>(acc, lane4, smem, xon, x_off + 512u * s, b.wa[u], b.wb[u], sa, sb);
     }
   };
   int parity = 0;

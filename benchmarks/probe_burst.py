@@ -14,7 +14,7 @@ from fastnf4.ops.matmul.gemv_mma import Params
 from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
 
 CFGS = {0: "w8 u2 b3", 10: "p w8 u2 b3", 11: "p w8 u1 b3", 12: "p w8 u2 b2", 13: "p w16 u1 b1", 14: "p w4 u4 b3"}
-DIAG = {7: "weights only w8 u4"}
+DIAG = {7: "weights only w8 u4", 5: "loads w8 u4", 6: "no stats w8 u4"}
 
 
 def main():
