@@ -1,8 +1,10 @@
 // A "burst" decode kernel for M <= 2 (probe; NOTES.md session 28): small blocks, several per SM, one 16-row tile per
 // block over all of K, every load of a warp's round issued into registers before any is used, no cp.async ring, no
 // split-K across blocks. benchmarks/probe_read.py measured on an H100 that a pure read of this shape costs about the
-// dequantize's fixed cost per call (Gemma q: 5.5 us against fastnf4.linear 9.1), so what the decode kernel pays beyond
-// that is its structure, not the reads.
+// dequantize's fixed cost per call (Gemma q: 5.5 us against fastnf4.linear 9.1); the question was whether the decode
+// kernel's structure is what costs the rest. H200 (probe_burst.py): correct, but slower than fastnf4.linear on 12 of
+// 14 weights in both forms (per-tile blocks and the persistent gemv_burst_p): the per-block set-up and the decode,
+// not the reads, cost the difference (NOTES.md session 28). Not in the package.
 //
 // Fragment layout as gemv_mma.cu's decode kernel: warp w of the block takes the 128-code slices s = w, w + W, ... of
 // its tile; lane (g, t) holds 16 bytes (chunk t of the slice) of rows g and g + 8; mma step i takes codes 4i..4i+3 of
@@ -10,7 +12,7 @@
 // (256 entries of code pairs in the input dtype, lane l's copy at word 64 v + l) is built per block while the first
 // loads are in flight; x is staged in its holes (the upper 128 bytes of each entry: M K <= 16384). After the slices
 // the warps' row sums meet in shared memory and are added in warp order (bitwise repeatable).
-// Needs: K % 128 == 0, blocksize >= 64 (a lane's two columns share one absmax), M K <= 16384, slices >= W.
+// Needs: K % 128 == 0, blocksize >= 64 (a lane's two columns share one absmax), M K <= 16384.
 #include "../fastnf4/ops/matmul/gemv_mma.cu"
 
 namespace fastnf4_burst {
@@ -58,6 +60,39 @@ __device__ __forceinline__ void decode_slice(float (&acc)[4], uint32_t lane4, co
   acc[3] = fmaf(sb, c[3], acc[3]);
 }
 
+// After pdl_wait: code[thread % 16], this thread's nested codes (nested_t[i] = code i W 32 + thread) and the offset.
+template <bool kNested, int W, int kNc>
+__device__ __forceinline__ void load_codes(const Params& p, float& code_l, float (&nested_t)[kNc], float& offset) {
+  code_l = __ldg(p.code + (threadIdx.x & 15));
+#pragma unroll
+  for (int i = 0; i < kNc; ++i) {
+    const int c = i * W * 32 + threadIdx.x;
+    nested_t[i] = kNested && c < 256 ? __ldg(p.nested_code + c) : 0.f;
+  }
+  offset = kNested ? __ldg(p.offset) : 0.f;
+}
+
+// A block's set-up, while its first loads fly: the pair table from code_l (= code[thread % 16]), the nested codes
+// (nested_t[i]: code i W 32 + thread) and x [M, K] staged in the table's holes (16 bytes = 8 values: piece i -> hole
+// i / 8, byte 16 (i % 8)); then one block barrier.
+template <typename T, bool kNested, int W, int kNc>
+__device__ __forceinline__ void set_up_block(uint8_t* smem, float* nested_code, const float (&nested_t)[kNc],
+                                             float code_l, const Params& p, int M, int K) {
+  build_pair_table_from<T>(reinterpret_cast<uint32_t*>(smem), code_l, W * 32);
+#pragma unroll
+  for (int i = 0; i < kNc; ++i) {
+    const int c = i * W * 32 + threadIdx.x;
+    if (kNested && c < 256) nested_code[c] = nested_t[i];
+  }
+  const int pieces = M * K / 8;
+  const uint4* xg = reinterpret_cast<const uint4*>(p.x);
+  for (int i = threadIdx.x; i < pieces; i += W * 32) {
+    *reinterpret_cast<uint4*>(smem + 128 + 256 * (i >> 3) + 16 * (i & 7)) = __ldg(xg + i);
+  }
+  pdl_launch_dependents();
+  __syncthreads();
+}
+
 template <typename T, bool kNested, int W, int U, int kDiag, int kMinB>
 __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [W][32]
@@ -81,14 +116,9 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst(const __grid_constan
   const uint32_t x_off = 128u + 256u * static_cast<uint32_t>(((g >> 2) * K + 32 * t) >> 6) + 64u * (t & 1);
 
   pdl_wait();
-  const float code_l = __ldg(p.code + (threadIdx.x & 15));
-  float nested_t[(256 + W * 32 - 1) / (W * 32)];  // this thread's nested codes (i W 32 + thread)
-#pragma unroll
-  for (int i = 0; i < (256 + W * 32 - 1) / (W * 32); ++i) {
-    const int c = i * W * 32 + threadIdx.x;
-    nested_t[i] = kNested && c < 256 ? __ldg(p.nested_code + c) : 0.f;
-  }
-  const float offset = kNested ? __ldg(p.offset) : 0.f;
+  constexpr int kNc = (256 + W * 32 - 1) / (W * 32);
+  float code_l, nested_t[kNc], offset;
+  load_codes<kNested, W>(p, code_l, nested_t, offset);
   const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
   const float* am32 = reinterpret_cast<const float*>(p.absmax);
 
@@ -122,21 +152,7 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst(const __grid_constan
     }
   };
   load_round(warp);
-  if (kDiag != 3) {  // the table, nested codes and x while the first loads fly (diagnostic 3: none)
-      build_pair_table_from<T>(reinterpret_cast<uint32_t*>(smem), code_l, W * 32);
-#pragma unroll
-      for (int i = 0; i < (256 + W * 32 - 1) / (W * 32); ++i) {
-        const int c = i * W * 32 + threadIdx.x;
-        if (kNested && c < 256) nested_code[c] = nested_t[i];
-      }
-      const int pieces = M * K / 8;  // 16 bytes = 8 values; piece i -> hole i / 8, byte 16 (i % 8)
-      const uint4* xg = reinterpret_cast<const uint4*>(p.x);
-      for (int i = threadIdx.x; i < pieces; i += W * 32) {
-        *reinterpret_cast<uint4*>(smem + 128 + 256 * (i >> 3) + 16 * (i & 7)) = __ldg(xg + i);
-      }
-      pdl_launch_dependents();
-      __syncthreads();
-  }
+  if (kDiag != 3) set_up_block<T, kNested, W>(smem, nested_code, nested_t, code_l, p, M, K);  // (diagnostic 3: none)
   for (int r0 = warp; r0 < slices;) {  // rounds
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -211,15 +227,9 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_p(const __grid_const
   const float* am32 = reinterpret_cast<const float*>(p.absmax);
 
   pdl_wait();
-  const float code_l = __ldg(p.code + (threadIdx.x & 15));
   constexpr int kNc = (256 + W * 32 - 1) / (W * 32);
-  float nested_t[kNc];
-#pragma unroll
-  for (int i = 0; i < kNc; ++i) {
-    const int c = i * W * 32 + threadIdx.x;
-    nested_t[i] = kNested && c < 256 ? __ldg(p.nested_code + c) : 0.f;
-  }
-  const float offset = kNested ? __ldg(p.offset) : 0.f;
+  float code_l, nested_t[kNc], offset;
+  load_codes<kNested, W>(p, code_l, nested_t, offset);
 
   auto load = [&](Round<U>& b, long long tile, int r0) {
     const long long rowA = tile * 16 + g, rowB = rowA + 8;
@@ -299,21 +309,7 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_p(const __grid_const
   };
   Round<U> bufA, bufB;
   load(bufA, tile, r0);
-  {
-    build_pair_table_from<T>(reinterpret_cast<uint32_t*>(smem), code_l, W * 32);
-#pragma unroll
-    for (int i = 0; i < kNc; ++i) {
-      const int c = i * W * 32 + threadIdx.x;
-      if (kNested && c < 256) nested_code[c] = nested_t[i];
-    }
-    const int pieces = M * K / 8;
-    const uint4* xg = reinterpret_cast<const uint4*>(p.x);
-    for (int i = threadIdx.x; i < pieces; i += W * 32) {
-      *reinterpret_cast<uint4*>(smem + 128 + 256 * (i >> 3) + 16 * (i & 7)) = __ldg(xg + i);
-    }
-    pdl_launch_dependents();
-    __syncthreads();
-  }
+  set_up_block<T, kNested, W>(smem, nested_code, nested_t, code_l, p, M, K);
   // two steps per iteration, so that the buffers keep fixed registers
   auto step = [&](Round<U>& cur, Round<U>& nxt) -> bool {
     long long tl = tile;
