@@ -52,7 +52,7 @@ def main():
                                                 (2, 512, 1024, 4096, False, False, torch.float16),
                                                 (1, 4096, 16384, 256, True, False, torch.bfloat16),
                                                 (1, 24, 1152, 64, True, True, torch.bfloat16)):
-            r, finite = error_ratio(lambda x, q, b, y: run(x, q, b, y), m, n, k, bs, nested, bias, dt)
+            r, finite = error_ratio(run, m, n, k, bs, nested, bias, dt)
             ok = finite and r <= 2.0
             fails += not ok
             if not ok or cfg == 10:
@@ -68,11 +68,10 @@ def main():
         x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
         wd = fastnf4.dequantize(q, torch.bfloat16)
         runs = {"linear": production}
-        for cfg, name in {**CFGS, **DIAG}.items():
-            r = launcher(cfg)
-            runs[name] = (lambda x, q, y=None, r=r: r(x, q, None, y)) if cfg in CFGS else None
+        for cfg, name in CFGS.items():
+            runs[name] = lambda x, q, y=None, r=launcher(cfg): r(x, q, None, y)
+        t, errs = check_and_time(x, wd, ws, qs, runs, f"{model} {layer}")
         diag = {name: launcher(cfg) for cfg, name in DIAG.items()}
-        t, errs = check_and_time(x, wd, ws, qs, {nm: f for nm, f in runs.items() if f is not None}, f"{model} {layer}")
         # (diagnostic builds: wrong results by design, timed alone after)
         for name, d in diag.items():
             t[name] = time_graphs({name: [lambda qq=qq, d=d: d(x, qq) for qq in qs]}, per_graph=20,
