@@ -529,6 +529,156 @@ int launch_q(const Params* p, cudaStream_t st) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// gemv_burst_q with the loads two rounds ahead (three register buffers, each carrying its own row offsets and pair), so
+// that a warp keeps two slice pairs (4 KiB per warp) in flight while it decodes a third.
+template <bool kNested> struct Pair3 : Pair2<kNested> {
+  int ea, eb, q;  // element offsets of the lane's rows (0 past N), the round's pair (>= pairs: an empty round)
+};
+
+template <typename T, bool kNested, int W, int kMinB>
+__global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_constant__ Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [2][W][32]
+  float* nested_code = reinterpret_cast<float*>(smem + 65536);
+  float (*red)[W][32] = reinterpret_cast<float (*)[W][32]>(smem + 65536 + 1024);
+  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) != kBase) __trap();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int K = static_cast<int>(p.K), M = static_cast<int>(p.M), N = static_cast<int>(p.N);
+  const int tiles = (N + 15) / 16, pairs = K >> 8;
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const int c0 = (2 * t) & 3;
+  const uint32_t lane4 = 4u * lane;
+  const bool xon = (g & 3) == t && (g >> 2) < M;
+  const uint32_t x_off = 128u + 256u * static_cast<uint32_t>(((g >> 2) * K + 32 * t) >> 6) + 64u * (t & 1);
+  const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
+  const float* am32 = reinterpret_cast<const float*>(p.absmax);
+
+  pdl_wait();
+  constexpr int kNc = (256 + W * 32 - 1) / (W * 32);
+  float code_l, nested_t[kNc], offset;
+  load_codes<kNested, W>(p, code_l, nested_t, offset);
+
+  // a cursor over the warp's rounds: (tile, pair q), q = warp, warp + W, ... < pairs (one empty round where
+  // warp >= pairs), tiles blockIdx.x, + gridDim.x, ...
+  auto advance = [&](int& tl, int& qq) {
+    qq += W;
+    if (qq >= pairs) {
+      qq = warp;
+      tl += gridDim.x;
+    }
+  };
+  auto load = [&](Pair3<kNested>& b, int tl, int qq) {
+    const int ra = tl * 16 + g, rb = ra + 8;
+    const bool live = tl < tiles && qq < pairs;
+    const bool onA = live && ra < N, onB = live && rb < N;
+    b.ea = onA ? ra * K : 0;
+    b.eb = onB ? rb * K : 0;
+    b.q = tl < tiles ? qq : pairs;
+    const int o = live ? 128 * qq : 0;  // bytes of the pair in a row
+    const uint8_t* pa = p.packed + (b.ea >> 1) + 16 * t + o;
+    const uint8_t* pb = p.packed + (b.eb >> 1) + 16 * t + o;
+    b.wa[0] = onA ? __ldcs(reinterpret_cast<const uint4*>(pa)) : make_uint4(0, 0, 0, 0);
+    b.wa[1] = onA ? __ldcs(reinterpret_cast<const uint4*>(pa + 64)) : make_uint4(0, 0, 0, 0);
+    b.wb[0] = onB ? __ldcs(reinterpret_cast<const uint4*>(pb)) : make_uint4(0, 0, 0, 0);
+    b.wb[1] = onB ? __ldcs(reinterpret_cast<const uint4*>(pb + 64)) : make_uint4(0, 0, 0, 0);
+    const int ba = (b.ea + 2 * o) >> log2_bs, bb = (b.eb + 2 * o) >> log2_bs;  // first block of the round
+    if constexpr (kNested) {
+      b.ca = __ldg(reinterpret_cast<const uint32_t*>(am8 + (ba & ~3)));
+      b.cb = __ldg(reinterpret_cast<const uint32_t*>(am8 + (bb & ~3)));
+      b.na = __ldg(p.nested_absmax + (ba >> 8));
+      b.nb = __ldg(p.nested_absmax + (bb >> 8));
+    } else {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        b.fa[u] = __ldg(am32 + ((b.ea + 2 * o + 128 * u + 32 * c0) >> log2_bs));
+        b.fb[u] = __ldg(am32 + ((b.eb + 2 * o + 128 * u + 32 * c0) >> log2_bs));
+      }
+    }
+  };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto decode = [&](const Pair3<kNested>& b) {
+    if (b.q >= pairs) return;
+    const int o = 128 * b.q;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      float sa, sb;
+      if constexpr (kNested) {
+        const int ba0 = ((b.ea + 2 * o) >> log2_bs) & ~3, bb0 = ((b.eb + 2 * o) >> log2_bs) & ~3;
+        const int ia = ((b.ea + 2 * o + 128 * u + 32 * c0) >> log2_bs) - ba0;
+        const int ib = ((b.eb + 2 * o + 128 * u + 32 * c0) >> log2_bs) - bb0;
+        sa = __fadd_rn(__fmul_rn(nested_code[(b.ca >> (8 * ia)) & 0xffu], b.na), offset);
+        sb = __fadd_rn(__fmul_rn(nested_code[(b.cb >> (8 * ib)) & 0xffu], b.nb), offset);
+      } else {
+        sa = b.fa[u];
+        sb = b.fb[u];
+      }
+      decode_slice<T>(acc, lane4, smem, xon, x_off + 512u * (2 * b.q + u), b.wa[u], b.wb[u], sa, sb);
+    }
+  };
+  int parity = 0;
+  auto finish = [&](int tl) {
+    float va = acc[0] + acc[1], vb = acc[2] + acc[3];
+    va += __shfl_xor_sync(0xffffffffu, va, 1);
+    vb += __shfl_xor_sync(0xffffffffu, vb, 1);
+    if ((t & 1) == 0) {
+      red[parity][warp][16 * (t >> 1) + g] = va;
+      red[parity][warp][16 * (t >> 1) + g + 8] = vb;
+    }
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    __syncthreads();
+    if (threadIdx.x < 16 * M) {
+      const int m = threadIdx.x >> 4, row = tl * 16 + (threadIdx.x & 15);
+      if (row < N) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) v += red[parity][w][threadIdx.x];
+        Pair<T>::store(p.y, static_cast<long long>(m) * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+      }
+    }
+    parity ^= 1;
+  };
+  Pair3<kNested> b0, b1, b2;
+  int tile = blockIdx.x, q = warp;   // decode cursor
+  int tl_ld = tile, q_ld = q;        // load cursor (two rounds ahead after the prologue)
+  load(b0, tl_ld, q_ld);
+  advance(tl_ld, q_ld);
+  load(b1, tl_ld, q_ld);
+  advance(tl_ld, q_ld);
+  set_up_block<T, kNested, W>(smem, nested_code, nested_t, code_l, p, M, K);
+  // one step: the round two ahead into the buffer decoded last, then this round; a tile ends when the decode cursor
+  // leaves it
+  auto step = [&](Pair3<kNested>& cur, Pair3<kNested>& free) -> bool {
+    load(free, tl_ld, q_ld);
+    advance(tl_ld, q_ld);
+    decode(cur);
+    const int tl = tile;
+    advance(tile, q);
+    if (tile != tl) finish(tl);
+    return tile < tiles;
+  };
+  if (tile < tiles) {
+    while (step(b0, b2) && step(b1, b0) && step(b2, b1)) {
+    }
+  }
+}
+
+template <typename T, bool kNested, int W, int kMinB>
+int launch_r(const Params* p, cudaStream_t st) {
+  if (p->K % 256 != 0 || p->N * p->K >= (1LL << 31)) return -3;
+  auto f = gemv_burst_r<T, kNested, W, kMinB>;
+  const int kSmem = 65536 + 1024 + W * 256;
+  cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return -2;
+  int blocks = 0, dev = 0, sms = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, W * 32, kSmem);
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long long tiles = (p->N + 15) / 16;
+  const long long grid = tiles < (long long)blocks * sms ? tiles : (long long)blocks * sms;
+  if (grid < 1) return -4;
+  f<<<static_cast<unsigned>(grid), W * 32, kSmem, st>>>(*p);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <typename T, bool kNested>
 int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
   switch (cfg) {
@@ -549,6 +699,10 @@ int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
     case 20: return launch_q<T, kNested, 8, 3>(p, st);
     case 21: return launch_q<T, kNested, 8, 2>(p, st);
     case 22: return launch_q<T, kNested, 16, 1>(p, st);
+    case 30: return launch_r<T, kNested, 8, 2>(p, st);
+    case 31: return launch_r<T, kNested, 8, 3>(p, st);
+    case 32: return launch_r<T, kNested, 16, 1>(p, st);
+    case 33: return launch_r<T, kNested, 4, 3>(p, st);
   }
   return -1;
 }

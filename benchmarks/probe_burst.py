@@ -13,8 +13,9 @@ from fastnf4.bench.harness import copy_bandwidth, time_graphs
 from fastnf4.ops.matmul.gemv_mma import Params
 from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
 
-# (the configurations of the committed results: see their JSON; 20-22 the trimmed persistent form, K % 256 == 0)
-CFGS = {0: "w8 u2 b3", 12: "p w8 u2 b2", 20: "q w8 b3", 21: "q w8 b2", 22: "q w16 b1"}
+# (the configurations of the committed results: see their JSON; 20-22 the trimmed persistent form, 30-33 with loads two
+# rounds ahead: K % 256 == 0)
+CFGS = {21: "q w8 b2", 30: "r w8 b2", 32: "r w16 b1", 33: "r w4 b3"}
 DIAG = {7: "weights only w8 u4"}
 
 
@@ -59,7 +60,7 @@ def main():
             r, finite = error_ratio(run, m, n, k, bs, nested, bias, dt)
             ok = finite and r <= 2.0
             fails += not ok
-            if not ok or cfg == 20:
+            if not ok or cfg == 30:
                 print(f"check cfg {CFGS[cfg]} M {m} {n}x{k} bs {bs} nested {nested} bias {bias} {dt}: "
                       f"err ratio {r:.2f} finite {finite} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"checks: {fails} failed", flush=True)
