@@ -530,12 +530,14 @@ int launch_q(const Params* p, cudaStream_t st) {
 }
 
 // gemv_burst_q with the loads two rounds ahead (three register buffers, each carrying its own row offsets and pair), so
-// that a warp keeps two slice pairs (4 KiB per warp) in flight while it decodes a third.
+// that a warp keeps two slice pairs (4 KiB per warp) in flight while it decodes a third. kC > 1: a thread block cluster
+// of kC blocks shares each tile (block rank r takes the pairs r W + warp, + kC W, ...), for balance where the tiles are
+// few per block; rank 0 adds the kC blocks' row sums (over distributed shared memory) in rank, then warp order.
 template <bool kNested> struct Pair3 : Pair2<kNested> {
   int ea, eb, q;  // element offsets of the lane's rows (0 past N), the round's pair (>= pairs: an empty round)
 };
 
-template <typename T, bool kNested, int W, int kMinB>
+template <typename T, bool kNested, int W, int kMinB, int kC = 1>
 __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [2][W][32]
   float* nested_code = reinterpret_cast<float*>(smem + 65536);
@@ -559,11 +561,14 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_const
 
   // a cursor over the warp's rounds: (tile, pair q), q = warp, warp + W, ... < pairs (one empty round where
   // warp >= pairs), tiles blockIdx.x, + gridDim.x, ...
+  int rank = 0;
+  if constexpr (kC > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  const int q0 = rank * W + warp;
   auto advance = [&](int& tl, int& qq) {
-    qq += W;
+    qq += kC * W;
     if (qq >= pairs) {
-      qq = warp;
-      tl += gridDim.x;
+      qq = q0;
+      tl += gridDim.x / kC;
     }
   };
   auto load = [&](Pair3<kNested>& b, int tl, int qq) {
@@ -624,20 +629,33 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_const
       red[parity][warp][16 * (t >> 1) + g + 8] = vb;
     }
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    __syncthreads();
-    if (threadIdx.x < 16 * M) {
+    if constexpr (kC > 1) {
+      cluster_barrier();
+    } else {
+      __syncthreads();
+    }
+    if (rank == 0 && threadIdx.x < 16 * M) {
       const int m = threadIdx.x >> 4, row = tl * 16 + (threadIdx.x & 15);
       if (row < N) {
         float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < W; ++w) v += red[parity][w][threadIdx.x];
+        for (int r = 0; r < kC; ++r) {
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            if (r == 0) {
+              v += red[parity][w][threadIdx.x];
+            } else {
+              v += ld_cluster_f32(static_cast<uint32_t>(__cvta_generic_to_shared(&red[parity][w][threadIdx.x])), r);
+            }
+          }
+        }
         Pair<T>::store(p.y, static_cast<long long>(m) * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
       }
     }
     parity ^= 1;
   };
   Pair3<kNested> b0, b1, b2;
-  int tile = blockIdx.x, q = warp;   // decode cursor
+  int tile = blockIdx.x / kC, q = q0;  // decode cursor
   int tl_ld = tile, q_ld = q;        // load cursor (two rounds ahead after the prologue)
   load(b0, tl_ld, q_ld);
   advance(tl_ld, q_ld);
@@ -659,24 +677,43 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_const
     while (step(b0, b2) && step(b1, b0) && step(b2, b1)) {
     }
   }
+  if constexpr (kC > 1) cluster_barrier();  // the other blocks' shared memory stays until rank 0 has read it
 }
 
-template <typename T, bool kNested, int W, int kMinB>
+template <typename T, bool kNested, int W, int kMinB, int kC = 1>
 int launch_r(const Params* p, cudaStream_t st) {
   if (p->K % 256 != 0 || p->N * p->K >= (1LL << 31)) return -3;
-  auto f = gemv_burst_r<T, kNested, W, kMinB>;
+  auto f = gemv_burst_r<T, kNested, W, kMinB, kC>;
   const int kSmem = 65536 + 1024 + W * 256;
   cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return -2;
-  int blocks = 0, dev = 0, sms = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, W * 32, kSmem);
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const long long tiles = (p->N + 15) / 16;
-  const long long grid = tiles < (long long)blocks * sms ? tiles : (long long)blocks * sms;
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(W * 32);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  long long units = 0;  // resident blocks (kC = 1) or clusters
+  if (kC > 1) {
+    cluster_attr(attr[0], kC);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3(kC);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, f, &cfg) != cudaSuccess) return -5;
+    units = clusters;
+  } else {
+    int blocks = 0, dev = 0, sms = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, W * 32, kSmem);
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    units = (long long)blocks * sms;
+  }
+  const long long grid = (tiles < units ? tiles : units) * kC;
   if (grid < 1) return -4;
-  f<<<static_cast<unsigned>(grid), W * 32, kSmem, st>>>(*p);
-  return static_cast<int>(cudaGetLastError());
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  void* args[] = {(void*)p};
+  return static_cast<int>(cudaLaunchKernelExC(&cfg, (const void*)f, args));
 }
 
 template <typename T, bool kNested>
@@ -703,6 +740,9 @@ int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
     case 31: return launch_r<T, kNested, 8, 3>(p, st);
     case 32: return launch_r<T, kNested, 16, 1>(p, st);
     case 33: return launch_r<T, kNested, 4, 3>(p, st);
+    case 34: return launch_r<T, kNested, 4, 3, 2>(p, st);
+    case 35: return launch_r<T, kNested, 4, 3, 4>(p, st);
+    case 36: return launch_r<T, kNested, 8, 2, 2>(p, st);
   }
   return -1;
 }
