@@ -23,17 +23,24 @@ using namespace fastnf4_mma;
 // of w looked up in the pair table (lane l's copy at word 64 v + l) is one PRMT (the offset (byte << 8) + 4 l) and
 // one LDS [R + kBase], with no add of a base register.
 constexpr uint32_t kBase = 1024;
-__device__ __forceinline__ uint32_t lookup_c(uint32_t lane4, uint32_t w, int j) {
+// (kImm false: the table's shared address ``tab`` added in a register instead, for launches whose window offset is not
+// known here: cluster launches trapped on the check)
+template <bool kImm = true>
+__device__ __forceinline__ uint32_t lookup_c(uint32_t lane4, uint32_t w, int j, uint32_t tab = 0) {
   const uint32_t off = __byte_perm(w, lane4, 0x5504u | (j << 4));
   uint32_t v;
-  asm("ld.shared.u32 %0, [%1+1024];\n" : "=r"(v) : "r"(off));
+  if constexpr (kImm) {
+    asm("ld.shared.u32 %0, [%1+1024];\n" : "=r"(v) : "r"(off));
+  } else {
+    asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(tab + off));
+  }
   return v;
 }
 
 // One slice of a lane: x of its chunk from the holes (lanes that carry x; zeros elsewhere), 8 mma of the looked-up
 // code pairs (step i: codes 4i..4i+3, byte 2i -> a0 / a1 and 2i + 1 -> a2 / a3 of rows g / g + 8), the product
 // scaled by the rows' absmax into acc (C columns 2t, 2t + 1 of rows g and g + 8).
-template <typename T>
+template <typename T, bool kImm = true>
 __device__ __forceinline__ void decode_slice(float (&acc)[4], uint32_t lane4, const uint8_t* smem, bool xon,
                                              uint32_t x_at, uint4 wa, uint4 wb, float sa, float sb) {
   uint4 xv[4];
@@ -50,8 +57,10 @@ __device__ __forceinline__ void decode_slice(float (&acc)[4], uint32_t lane4, co
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = 2 * (i & 1);
-    const uint32_t a0 = lookup_c(lane4, A[i >> 1], j), a1 = lookup_c(lane4, B[i >> 1], j);
-    const uint32_t a2 = lookup_c(lane4, A[i >> 1], j + 1), a3 = lookup_c(lane4, B[i >> 1], j + 1);
+    const uint32_t tab = kImm ? 0u : static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    const uint32_t a0 = lookup_c<kImm>(lane4, A[i >> 1], j, tab), a1 = lookup_c<kImm>(lane4, B[i >> 1], j, tab);
+    const uint32_t a2 = lookup_c<kImm>(lane4, A[i >> 1], j + 1, tab);
+    const uint32_t a3 = lookup_c<kImm>(lane4, B[i >> 1], j + 1, tab);
     mma16816<T>(c, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
   }
   acc[0] = fmaf(sa, c[0], acc[0]);
@@ -542,7 +551,7 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_const
   extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [2][W][32]
   float* nested_code = reinterpret_cast<float*>(smem + 65536);
   float (*red)[W][32] = reinterpret_cast<float (*)[W][32]>(smem + 65536 + 1024);
-  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) != kBase) __trap();
+  if (kC == 1 && static_cast<uint32_t>(__cvta_generic_to_shared(smem)) != kBase) __trap();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int K = static_cast<int>(p.K), M = static_cast<int>(p.M), N = static_cast<int>(p.N);
   const int tiles = (N + 15) / 16, pairs = K >> 8;
@@ -616,7 +625,7 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_const
         sa = b.fa[u];
         sb = b.fb[u];
       }
-      decode_slice<T>(acc, lane4, smem, xon, x_off + 512u * (2 * b.q + u), b.wa[u], b.wb[u], sa, sb);
+      decode_slice<T, kC == 1>(acc, lane4, smem, xon, x_off + 512u * (2 * b.q + u), b.wa[u], b.wb[u], sa, sb);
     }
   };
   int parity = 0;
