@@ -1,10 +1,15 @@
-// A "burst" decode kernel for M <= 2 (probe; NOTES.md session 28): small blocks, several per SM, one 16-row tile per
-// block over all of K, every load of a warp's round issued into registers before any is used, no cp.async ring, no
-// split-K across blocks. benchmarks/probe_read.py measured on an H100 that a pure read of this shape costs about the
-// dequantize's fixed cost per call (Gemma q: 5.5 us against fastnf4.linear 9.1); the question was whether the decode
-// kernel's structure is what costs the rest. H200 (probe_burst.py): correct, but slower than fastnf4.linear on 12 of
-// 14 weights in both forms (per-tile blocks and the persistent gemv_burst_p): the per-block set-up and the decode,
-// not the reads, cost the difference (NOTES.md session 28). Not in the package.
+// "Burst" decode kernels for M <= 2 (probes; NOTES.md session 28): small blocks, several per SM, every load of a warp's
+// round issued into registers before any is used, no cp.async ring. benchmarks/probe_read.py: a pure read of the
+// weight's bytes in this shape costs ~3 us per call more than the bytes at the copy rate (Gemma o 5.6 us, floor 2.7),
+// well under fastnf4.linear (10.3). The question was whether the production decode kernel's structure is what costs
+// the rest. H200 (probe_burst.py), forms measured:
+//   gemv_burst: one block per 16-row tile over all of K (with diagnostic builds: weights only, no statistics, ...);
+//   gemv_burst_r: persistent, trimmed per-slice work, loads two rounds ahead; kC > 1: over thread block clusters.
+// All correct; the best is ahead of fastnf4.linear on the 11 MB Gemma q / o only (8.2-8.4 vs 8.9 / 10.3 us), level
+// on the mid weights and behind on Llama (K = 8192): the decode and the lack of split-K balance, not the reads, cost
+// the difference. Not in the package. Two intermediate forms (gemv_burst_p: persistent, two buffers of U slices;
+// gemv_burst_q: gemv_burst_r with one round ahead) are in the git history (375c90b), their results in
+// results/h200-probe-burst-persistent.json and -q.json.
 //
 // Fragment layout as gemv_mma.cu's decode kernel: warp w of the block takes the 128-code slices s = w, w + W, ... of
 // its tile; lane (g, t) holds 16 bytes (chunk t of the slice) of rows g and g + 8; mma step i takes codes 4i..4i+3 of
@@ -207,136 +212,6 @@ __global__ void __launch_bounds__(W * 32, kMinB) gemv_burst(const __grid_constan
 }
 
 
-// Persistent form (gemv_burst_p): grid = resident blocks, tiles taken in turn (blockIdx.x + i gridDim.x), the table,
-// nested codes and x set up once per block; each warp's rounds (tile, slices r0 + W u) form one sequence, and the next
-// round's loads (possibly of the next tile) are issued before the current round is decoded (two register buffers).
-// A tile ends with its row sums in shared memory (two buffers by tile parity) and one block barrier.
-template <int U> struct Round {
-  uint4 wa[U], wb[U];
-  uint32_t qa[U], qb[U];
-  float na[U], nb[U];
-};
-
-template <typename T, bool kNested, int W, int U, int kMinB>
-__global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_p(const __grid_constant__ Params p) {
-  extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [2][W][32]
-  float* nested_code = reinterpret_cast<float*>(smem + 65536);
-  float (*red)[W][32] = reinterpret_cast<float (*)[W][32]>(smem + 65536 + 1024);
-  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) != kBase) __trap();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int K = static_cast<int>(p.K), M = static_cast<int>(p.M);
-  const long long N = p.N, tiles = (N + 15) / 16;
-  const int slices = K >> 7;
-  const int log2_bs = __ffsll(p.blocksize) - 1;
-  const int c0 = (2 * t) & 3;
-  const uint32_t lane4 = 4u * lane;
-  const bool xon = (g & 3) == t && (g >> 2) < M;
-  const uint32_t x_off = 128u + 256u * static_cast<uint32_t>(((g >> 2) * K + 32 * t) >> 6) + 64u * (t & 1);
-  const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
-  const float* am32 = reinterpret_cast<const float*>(p.absmax);
-
-  pdl_wait();
-  constexpr int kNc = (256 + W * 32 - 1) / (W * 32);
-  float code_l, nested_t[kNc], offset;
-  load_codes<kNested, W>(p, code_l, nested_t, offset);
-
-  auto load = [&](Round<U>& b, long long tile, int r0) {
-    const long long rowA = tile * 16 + g, rowB = rowA + 8;
-    const bool onA = tile < tiles && rowA < N, onB = tile < tiles && rowB < N;
-    const uint8_t* pa = p.packed + (onA ? rowA : 0) * (K >> 1) + 16 * t;
-    const uint8_t* pb = p.packed + (onB ? rowB : 0) * (K >> 1) + 16 * t;
-    const long long eA = (onA ? rowA : 0) * K + 32 * c0, eB = (onB ? rowB : 0) * K + 32 * c0;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int s = r0 + W * u;
-      const bool on = s < slices;
-      b.wa[u] = on && onA ? __ldcs(reinterpret_cast<const uint4*>(pa + 64LL * s)) : make_uint4(0, 0, 0, 0);
-      b.wb[u] = on && onB ? __ldcs(reinterpret_cast<const uint4*>(pb + 64LL * s)) : make_uint4(0, 0, 0, 0);
-      const long long ba = (eA + 128LL * (on ? s : 0)) >> log2_bs, bb = (eB + 128LL * (on ? s : 0)) >> log2_bs;
-      if constexpr (kNested) {
-        b.qa[u] = __ldg(am8 + ba);
-        b.qb[u] = __ldg(am8 + bb);
-        b.na[u] = __ldg(p.nested_absmax + (ba >> 8));
-        b.nb[u] = __ldg(p.nested_absmax + (bb >> 8));
-      } else {
-        b.qa[u] = __float_as_uint(__ldg(am32 + ba));
-        b.qb[u] = __float_as_uint(__ldg(am32 + bb));
-        b.na[u] = b.nb[u] = 0.f;
-      }
-    }
-  };
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  auto decode = [&](const Round<U>& b, int r0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int s = r0 + W * u;
-      if (s >= slices) break;
-      float sa, sb;
-      if constexpr (kNested) {
-        sa = __fadd_rn(__fmul_rn(nested_code[b.qa[u]], b.na[u]), offset);
-        sb = __fadd_rn(__fmul_rn(nested_code[b.qb[u]], b.nb[u]), offset);
-      } else {
-        sa = __uint_as_float(b.qa[u]);
-        sb = __uint_as_float(b.qb[u]);
-      }
-      decode_slice<T>(acc, lane4, smem, xon, x_off + 512u * s, b.wa[u], b.wb[u], sa, sb);
-    }
-  };
-  int parity = 0;
-  auto finish = [&](long long tile) {  // every warp of the block, once per tile
-    float va = acc[0] + acc[1], vb = acc[2] + acc[3];
-    va += __shfl_xor_sync(0xffffffffu, va, 1);
-    vb += __shfl_xor_sync(0xffffffffu, vb, 1);
-    if ((t & 1) == 0) {
-      red[parity][warp][16 * (t >> 1) + g] = va;
-      red[parity][warp][16 * (t >> 1) + g + 8] = vb;
-    }
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    __syncthreads();
-    if (threadIdx.x < 16 * M) {
-      const int m = threadIdx.x >> 4;
-      const long long row = tile * 16 + (threadIdx.x & 15);
-      if (row < N) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) v += red[parity][w][threadIdx.x];
-        Pair<T>::store(p.y, m * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
-      }
-    }
-    parity ^= 1;  // (the next tile writes the other buffer; the barrier of that tile orders the reuse of this one)
-  };
-  // the warp's sequence of rounds: (tile, r0), r0 = warp, warp + W U, ... < slices (one round at r0 = warp even where
-  // warp >= slices: an empty one, so that every warp ends every tile)
-  long long tile = blockIdx.x;
-  int r0 = warp;
-  auto next = [&](long long& tl, int& r) {
-    r += W * U;
-    if (r >= slices) {
-      r = warp;
-      tl += gridDim.x;
-    }
-  };
-  Round<U> bufA, bufB;
-  load(bufA, tile, r0);
-  set_up_block<T, kNested, W>(smem, nested_code, nested_t, code_l, p, M, K);
-  // two steps per iteration, so that the buffers keep fixed registers
-  auto step = [&](Round<U>& cur, Round<U>& nxt) -> bool {
-    long long tl = tile;
-    int r = r0;
-    next(tl, r);
-    if (tl < tiles) load(nxt, tl, r);
-    decode(cur, r0);
-    if (tl != tile) finish(tile);
-    tile = tl;
-    r0 = r;
-    return tile < tiles;
-  };
-  if (tile < tiles) {
-    while (step(bufA, bufB) && step(bufB, bufA)) {
-    }
-  }
-}
-
 template <typename T, bool kNested, int W, int U, int kDiag, int kMinB>
 int launch_t(const Params* p, cudaStream_t st) {
   auto f = gemv_burst<T, kNested, W, U, kDiag, kMinB>;
@@ -347,28 +222,10 @@ int launch_t(const Params* p, cudaStream_t st) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <typename T, bool kNested, int W, int U, int kMinB>
-int launch_p(const Params* p, cudaStream_t st) {
-  auto f = gemv_burst_p<T, kNested, W, U, kMinB>;
-  const int kSmem = 65536 + 1024 + W * 256;
-  cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return -2;
-  int blocks = 0, dev = 0, sms = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, W * 32, kSmem);
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const long long tiles = (p->N + 15) / 16;
-  const long long grid = tiles < (long long)blocks * sms ? tiles : (long long)blocks * sms;
-  if (grid < 1) return -4;
-  f<<<static_cast<unsigned>(grid), W * 32, kSmem, st>>>(*p);
-  return static_cast<int>(cudaGetLastError());
-}
-
-// Trimmed persistent form (gemv_burst_q): gemv_burst_p spends ~220 SASS instructions per slice (the production decode
-// kernel ~95), most of them in per-slice statistics loads and 64-bit index math. Here a warp's round is one slice pair
-// (slices 2q, 2q + 1; pairs q = w, w + W, ... of the tile), so that the absmax codes of a row for the whole round sit in
-// one aligned 4-byte word (K % 256 == 0, blocksize >= 64) and the round's nested absmax is one value per row (256 codes
-// inside one nested block); element offsets are 32-bit (N K < 2^31); row pointers and code offsets change per tile only.
+// A slice pair's statistics (gemv_burst_r): a round is one slice pair (slices 2q, 2q + 1), so that the absmax codes of a
+// row for the whole round sit in one aligned 4-byte word (K % 256 == 0, blocksize >= 64; the word may reach up to 3
+// bytes past the last block, never past its aligned word) and the round's nested absmax is one value per row (256
+// codes inside one nested block).
 template <bool kNested> struct Pair2 {
   uint4 wa[2], wb[2];
   uint32_t ca, cb;   // nested: the aligned word of absmax codes of rows A / B; else unused
@@ -376,170 +233,11 @@ template <bool kNested> struct Pair2 {
   float fa[2], fb[2];  // not nested: the float32 absmax of the lane's block, per slice
 };
 
-template <typename T, bool kNested, int W, int kMinB>
-__global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_q(const __grid_constant__ Params p) {
-  extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [2][W][32]
-  float* nested_code = reinterpret_cast<float*>(smem + 65536);
-  float (*red)[W][32] = reinterpret_cast<float (*)[W][32]>(smem + 65536 + 1024);
-  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) != kBase) __trap();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int K = static_cast<int>(p.K), M = static_cast<int>(p.M), N = static_cast<int>(p.N);
-  const int tiles = (N + 15) / 16, pairs = K >> 8;
-  const int log2_bs = __ffsll(p.blocksize) - 1;
-  const int c0 = (2 * t) & 3;
-  const uint32_t lane4 = 4u * lane;
-  const bool xon = (g & 3) == t && (g >> 2) < M;
-  const uint32_t x_off = 128u + 256u * static_cast<uint32_t>(((g >> 2) * K + 32 * t) >> 6) + 64u * (t & 1);
-  const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
-  const float* am32 = reinterpret_cast<const float*>(p.absmax);
-
-  pdl_wait();
-  constexpr int kNc = (256 + W * 32 - 1) / (W * 32);
-  float code_l, nested_t[kNc], offset;
-  load_codes<kNested, W>(p, code_l, nested_t, offset);
-
-  // per tile: the lane's rows' packed bytes and element offsets (rows past N read row 0, never used)
-  int tile = blockIdx.x, q = warp;
-  const uint8_t* pa = nullptr;
-  const uint8_t* pb = nullptr;
-  int ea = 0, eb = 0;
-  bool onA = false, onB = false;
-  auto rows_of = [&](int tl) {
-    const int ra = tl * 16 + g, rb = ra + 8;
-    onA = ra < N;
-    onB = rb < N;
-    ea = (onA ? ra : 0) * K;
-    eb = (onB ? rb : 0) * K;
-    pa = p.packed + (ea >> 1) + 16 * t;
-    pb = p.packed + (eb >> 1) + 16 * t;
-  };
-  auto load = [&](Pair2<kNested>& b, int qq) {
-    const bool on = qq < pairs;
-    const int o = on ? 128 * qq : 0;  // bytes of the pair in a row
-    b.wa[0] = on && onA ? __ldcs(reinterpret_cast<const uint4*>(pa + o)) : make_uint4(0, 0, 0, 0);
-    b.wa[1] = on && onA ? __ldcs(reinterpret_cast<const uint4*>(pa + o + 64)) : make_uint4(0, 0, 0, 0);
-    b.wb[0] = on && onB ? __ldcs(reinterpret_cast<const uint4*>(pb + o)) : make_uint4(0, 0, 0, 0);
-    b.wb[1] = on && onB ? __ldcs(reinterpret_cast<const uint4*>(pb + o + 64)) : make_uint4(0, 0, 0, 0);
-    const int ba = (ea + 2 * o) >> log2_bs, bb = (eb + 2 * o) >> log2_bs;  // first block of the round
-    if constexpr (kNested) {
-      b.ca = __ldg(reinterpret_cast<const uint32_t*>(am8 + (ba & ~3)));
-      b.cb = __ldg(reinterpret_cast<const uint32_t*>(am8 + (bb & ~3)));
-      b.na = __ldg(p.nested_absmax + (ba >> 8));
-      b.nb = __ldg(p.nested_absmax + (bb >> 8));
-    } else {
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        b.fa[u] = __ldg(am32 + ((ea + 2 * o + 128 * u + 32 * c0) >> log2_bs));
-        b.fb[u] = __ldg(am32 + ((eb + 2 * o + 128 * u + 32 * c0) >> log2_bs));
-      }
-    }
-  };
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  auto decode = [&](const Pair2<kNested>& b, int qq) {
-    if (qq >= pairs) return;
-    const int o = 128 * qq;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      float sa, sb;
-      if constexpr (kNested) {
-        // the lane's block of slice u, as a byte of the aligned code word: its index minus the word's first block
-        const int ba0 = ((ea + 2 * o) >> log2_bs) & ~3, bb0 = ((eb + 2 * o) >> log2_bs) & ~3;
-        const int ia = ((ea + 2 * o + 128 * u + 32 * c0) >> log2_bs) - ba0;
-        const int ib = ((eb + 2 * o + 128 * u + 32 * c0) >> log2_bs) - bb0;
-        sa = __fadd_rn(__fmul_rn(nested_code[(b.ca >> (8 * ia)) & 0xffu], b.na), offset);
-        sb = __fadd_rn(__fmul_rn(nested_code[(b.cb >> (8 * ib)) & 0xffu], b.nb), offset);
-      } else {
-        sa = b.fa[u];
-        sb = b.fb[u];
-      }
-      decode_slice<T>(acc, lane4, smem, xon, x_off + 512u * (2 * qq + u), b.wa[u], b.wb[u], sa, sb);
-    }
-  };
-  int parity = 0;
-  auto finish = [&](int tl) {
-    float va = acc[0] + acc[1], vb = acc[2] + acc[3];
-    va += __shfl_xor_sync(0xffffffffu, va, 1);
-    vb += __shfl_xor_sync(0xffffffffu, vb, 1);
-    if ((t & 1) == 0) {
-      red[parity][warp][16 * (t >> 1) + g] = va;
-      red[parity][warp][16 * (t >> 1) + g + 8] = vb;
-    }
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    __syncthreads();
-    if (threadIdx.x < 16 * M) {
-      const int m = threadIdx.x >> 4, row = tl * 16 + (threadIdx.x & 15);
-      if (row < N) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) v += red[parity][w][threadIdx.x];
-        Pair<T>::store(p.y, static_cast<long long>(m) * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
-      }
-    }
-    parity ^= 1;
-  };
-  Pair2<kNested> bufA, bufB;
-  rows_of(tile);
-  load(bufA, q);
-  set_up_block<T, kNested, W>(smem, nested_code, nested_t, code_l, p, M, K);
-  // the warp's rounds: (tile, pair q), q = warp, warp + W, ... < pairs (one empty round where warp >= pairs); the next
-  // round's loads are issued before the current round is decoded
-  auto step = [&](Pair2<kNested>& cur, Pair2<kNested>& nxt) -> bool {
-    int tl = tile, qn = q + W;
-    const int ea_cur = ea, eb_cur = eb;
-    if (qn >= pairs) {
-      qn = warp;
-      tl += gridDim.x;
-    }
-    // (the current round's offsets survive a change of tile: decode uses ea / eb, so restore them after the load)
-    if (tl != tile && tl < tiles) {
-      const uint8_t* pa_cur = pa;
-      const uint8_t* pb_cur = pb;
-      const bool a_cur = onA, b_cur = onB;
-      rows_of(tl);
-      load(nxt, qn);
-      const uint8_t* pa_n = pa;
-      const uint8_t* pb_n = pb;
-      const int ea_n = ea, eb_n = eb;
-      const bool a_n = onA, b_n = onB;
-      pa = pa_cur, pb = pb_cur, ea = ea_cur, eb = eb_cur, onA = a_cur, onB = b_cur;
-      decode(cur, q);
-      finish(tile);
-      pa = pa_n, pb = pb_n, ea = ea_n, eb = eb_n, onA = a_n, onB = b_n;
-    } else {
-      if (tl < tiles) load(nxt, qn);
-      decode(cur, q);
-      if (tl != tile) finish(tile);
-    }
-    tile = tl;
-    q = qn;
-    return tile < tiles;
-  };
-  if (tile < tiles) {
-    while (step(bufA, bufB) && step(bufB, bufA)) {
-    }
-  }
-}
-
-template <typename T, bool kNested, int W, int kMinB>
-int launch_q(const Params* p, cudaStream_t st) {
-  if (p->K % 256 != 0 || p->N * p->K >= (1LL << 31)) return -3;
-  auto f = gemv_burst_q<T, kNested, W, kMinB>;
-  const int kSmem = 65536 + 1024 + W * 256;
-  cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return -2;
-  int blocks = 0, dev = 0, sms = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, W * 32, kSmem);
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const long long tiles = (p->N + 15) / 16;
-  const long long grid = tiles < (long long)blocks * sms ? tiles : (long long)blocks * sms;
-  if (grid < 1) return -4;
-  f<<<static_cast<unsigned>(grid), W * 32, kSmem, st>>>(*p);
-  return static_cast<int>(cudaGetLastError());
-}
-
-// gemv_burst_q with the loads two rounds ahead (three register buffers, each carrying its own row offsets and pair), so
-// that a warp keeps two slice pairs (4 KiB per warp) in flight while it decodes a third. kC > 1: a thread block cluster
+// Persistent form with trimmed per-slice work (gemv_burst_r): grid = resident blocks (or clusters), tiles taken in turn,
+// the table, nested codes and x set up once per block; a warp's rounds are the slice pairs q = warp, warp + W, ... of
+// each tile, loaded two rounds ahead (three register buffers, each carrying its own row offsets and pair: two pairs,
+// 4 KiB per warp, in flight while it decodes a third); element offsets are 32-bit (N K < 2^31). A tile ends with its
+// row sums in shared memory (two buffers by tile parity) and one block barrier. kC > 1: a thread block cluster
 // of kC blocks shares each tile (block rank r takes the pairs r W + warp, + kC W, ...), for balance where the tiles are
 // few per block; rank 0 adds the kC blocks' row sums (over distributed shared memory) in rank, then warp order.
 template <bool kNested> struct Pair3 : Pair2<kNested> {
@@ -737,14 +435,6 @@ int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
     case 6: return launch_t<T, kNested, 8, 4, 2, 2>(p, st);
     case 7: return launch_t<T, kNested, 8, 4, 3, 2>(p, st);
     case 8: return launch_t<T, kNested, 8, 2, 1, 3>(p, st);
-    case 10: return launch_p<T, kNested, 8, 2, 3>(p, st);
-    case 11: return launch_p<T, kNested, 8, 1, 3>(p, st);
-    case 12: return launch_p<T, kNested, 8, 2, 2>(p, st);
-    case 13: return launch_p<T, kNested, 16, 1, 1>(p, st);
-    case 14: return launch_p<T, kNested, 4, 4, 3>(p, st);
-    case 20: return launch_q<T, kNested, 8, 3>(p, st);
-    case 21: return launch_q<T, kNested, 8, 2>(p, st);
-    case 22: return launch_q<T, kNested, 16, 1>(p, st);
     case 30: return launch_r<T, kNested, 8, 2>(p, st);
     case 31: return launch_r<T, kNested, 8, 3>(p, st);
     case 32: return launch_r<T, kNested, 16, 1>(p, st);

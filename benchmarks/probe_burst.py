@@ -13,9 +13,9 @@ from fastnf4.bench.harness import copy_bandwidth, time_graphs
 from fastnf4.ops.matmul.gemv_mma import Params
 from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
 
-# (the configurations of the committed results: see their JSON; 20-22 the trimmed persistent form, 30-33 with loads two
-# rounds ahead, 34-36 the same over clusters of 2 / 4 blocks: K % 256 == 0)
-CFGS = {21: "q w8 b2", 33: "r w4 b3", 34: "r w4 b3 c2", 35: "r w4 b3 c4", 36: "r w8 b2 c2"}
+# probe_burst.cu's launch_cfg: 0-8 gemv_burst (5-8 diagnostics), 30-36 gemv_burst_r (34-36 over clusters; K % 256 == 0);
+# the committed results name theirs (some from forms since removed: see probe_burst.cu)
+CFGS = {0: "w8 u2 b3", 30: "r w8 b2", 33: "r w4 b3", 34: "r w4 b3 c2"}
 DIAG = {7: "weights only w8 u4"}
 
 
@@ -60,7 +60,7 @@ def main():
             r, finite = error_ratio(run, m, n, k, bs, nested, bias, dt)
             ok = finite and r <= 2.0
             fails += not ok
-            if not ok or cfg == 34:
+            if not ok or cfg == 33:
                 print(f"check cfg {CFGS[cfg]} M {m} {n}x{k} bs {bs} nested {nested} bias {bias} {dt}: "
                       f"err ratio {r:.2f} finite {finite} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"checks: {fails} failed", flush=True)
