@@ -1,7 +1,7 @@
-"""The burst decode kernel (benchmarks/probe_burst.cu) at M = 1: checks (error against a float64 product within 2x
+"""The burst decode kernel (benchmarks/probe_burst.cu) at M = 1 or 2: checks (error against a float64 product within 2x
 cuBLAS's, NaN-poisoned output, odd N, blocksizes 64-4096, double quant on / off, fp16 / bf16, bias, M = 2), then every
 configuration, fastnf4.linear and bf16 cuBLAS timed in one interleaved graph timing per model weight (K <= 16384).
-usage: python benchmarks/probe_burst.py [OUT.json]"""
+usage: [FASTNF4_PROBE_M=1|2] [FASTNF4_PROBE_MIN_MB=8] python benchmarks/probe_burst.py [OUT.json]"""
 import ctypes
 import os
 
@@ -15,7 +15,7 @@ from probe_weights import check_and_time, error_ratio, model_weights, production
 
 # probe_burst.cu's launch_cfg: 0-8 gemv_burst (5-8 diagnostics), 30-36 gemv_burst_r (34-36 over clusters; K % 256 == 0);
 # the committed results name theirs (some from forms since removed: see probe_burst.cu)
-CFGS = {0: "w8 u2 b3", 30: "r w8 b2", 33: "r w4 b3", 34: "r w4 b3 c2"}
+CFGS = {0: "w8 u2 b3", 30: "r w8 b2", 33: "r w4 b3"}
 DIAG = {7: "weights only w8 u4"}
 
 
@@ -66,11 +66,12 @@ def main():
     print(f"checks: {fails} failed", flush=True)
     gbs = copy_bandwidth()["GBps"]
     rows = []
-    for model, layer, n, k, w, q in model_weights(8e6):
-        if k > 16384:
+    m_rows = int(os.environ.get("FASTNF4_PROBE_M", "1"))
+    for model, layer, n, k, w, q in model_weights(float(os.environ.get("FASTNF4_PROBE_MIN_MB", "8")) * 1e6):
+        if m_rows * k > 16384:
             continue
         ws, qs = rotated(w, q)
-        x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(m_rows, k, dtype=torch.bfloat16, device="cuda")
         wd = fastnf4.dequantize(q, torch.bfloat16)
         runs = {"linear": production}
         for cfg, name in CFGS.items():
@@ -82,7 +83,7 @@ def main():
             t[name] = time_graphs({name: [lambda qq=qq, d=d: d(x, qq) for qq in qs]}, per_graph=20,
                                   replays=10)[name]["median_us"]
         floor = q.nbytes() / gbs / 1e3
-        row = {"model": model, "layer": layer, "N": n, "K": k, "floor_us": floor, "us": t, "err": errs}
+        row = {"model": model, "layer": layer, "N": n, "K": k, "M": m_rows, "floor_us": floor, "us": t, "err": errs}
         rows.append(row)
         best = min((v, nm) for nm, v in t.items() if nm in CFGS.values())
         print(f"{model[:6]:6} {layer:8} floor {floor:5.1f} | " + " ".join(f"{nm} {v:5.1f}" for nm, v in t.items()) +
