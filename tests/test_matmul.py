@@ -599,3 +599,21 @@ def test_pair_kernel_only_where_it_runs():
             assert mma_ok == mma_path
             assert (dispatch.choose_path(m, n, k, 64, mma_ok=mma_ok, pair_ok=False) == "mma") == mma_path
             assert dispatch.choose_path(m, n, k, 64, mma_ok=mma_ok, wgmma_ok=True, pair_ok=True) == "mma"
+
+
+def test_burst_kernel_rule_on_model_shapes():
+    """M <= 2 (session 28, benchmarks/probe_burst.py on the H200): the burst decode kernel takes exactly the model weights
+    where it measured faster than the decode kernels at M = 1 and 2, Gemma q, o and k+v (11-22M elements, N >= 2048),
+    and none where it measured slower (the N = 1024 k+v projections, 42M elements and up); never at M >= 3, blocksize
+    32, K % 256 != 0 or an x longer than the table's holes (M K > 16384)."""
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import gemv_mma as g
+
+    for m in (1, 2):
+        taken = {(model, layer) for model, layer, n, k in model_shapes() if g.burst_wanted(m, n, k, 64)}
+        assert taken == {("gemma-3-27b", "q"), ("gemma-3-27b", "o"), ("gemma-3-27b", "k+v")}, (m, taken)
+    assert not g.burst_wanted(3, 5376, 4096, 64) and not g.burst_wanted(1, 5376, 4096, 32)
+    assert not g.burst_wanted(1, 4096, 5120 + 128, 64)  # K % 256 != 0
+    assert not g.burst_wanted(2, 2048, 8448, 64)  # M K > 16384
+    assert not g.burst_wanted(1, 1024, 8192, 64)  # N < 2048 (Llama k+v)
+    assert not g.burst_wanted(1, 8192, 5120, 64)  # 42M elements (Qwen q)

@@ -410,3 +410,68 @@ def test_small_weight_kernel_error_budget(n, k, m, kernel, dtype):
     y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     gemv_mma.launch(x, *linear_args(q), y=y, kernel=kernel)
     assert _rel(y, ref) <= 2 * _rel(x @ wd.T, ref)
+
+
+# the burst decode kernel (session 28): K % 256 == 0, blocksize >= 64, M <= 2, M K <= 16384
+@pytest.mark.parametrize("n, k", [(17, 256), (40, 1280), (1000, 4096), (3000, 5376), (2048, 8192)])
+@pytest.mark.parametrize("blocksize", [64, 128, 256, 4096])
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_burst_kernel_matches_arithmetic_model(n, k, blocksize, nested, dtype):
+    torch.manual_seed(n + k + blocksize + nested)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
+                         double_quant=nested)
+    for m in (1, 2):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m == 1 else None
+        ref = _model(q, x, bias)
+        y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        gemv_mma.launch(x, *linear_args(q, bias), y=y, kernel=gemv_mma.BURST)
+        tol = (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10) * ref.abs() + 1e-4 * ref.abs().max()
+        assert torch.isfinite(y).all()
+        assert ((y.double() - ref).abs() <= tol).all(), m
+
+
+def test_burst_kernel_many_tiles_per_block_and_the_dispatch():
+    """2500 row tiles on the resident blocks: every block takes many tiles in turn (rounds loaded two ahead cross tile
+    boundaries, the row-sum buffers alternate); and the dispatcher's pick for a Gemma-o-size weight at M = 1 and 2, its
+    bits repeatable and the same under CUDA-graph capture, within the error budget."""
+    torch.manual_seed(28)
+    q = fastnf4.quantize(torch.randn(40000, 1024, device="cuda", dtype=torch.bfloat16) * 0.05)
+    x = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
+    ref = _model(q, x, None)
+    y = torch.full((2, 40000), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemv_mma.launch(x, *linear_args(q), y=y, kernel=gemv_mma.BURST)
+    assert ((y.double() - ref).abs() <= 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()).all()
+
+    q = fastnf4.quantize(torch.randn(5376, 4096, device="cuda", dtype=torch.bfloat16) * 0.02)
+    wd = fastnf4.dequantize(q)
+    for m in (1, 2):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        assert gemv_mma.burst_wanted(m, 5376, 4096, q.blocksize)
+        assert gemv_mma.Prepared(x, *linear_args(q)).v == gemv_mma.BURST
+        y = fastnf4.linear(x, q)
+        assert torch.equal(y, fastnf4.linear(x, q))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = fastnf4.linear(x, q)
+        yg.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, y)
+        ref = x.double() @ wd.double().T
+        assert _rel(y, ref) <= 2 * _rel(x @ wd.T, ref)
+
+
+def test_burst_kernel_refuses_what_it_does_not_cover():
+    """Forced where its layout does not hold (K % 256 != 0, blocksize 32, M > 2, x too long for the holes): an error
+    that names it, y untouched."""
+    cases = ((1, 384, 64), (1, 512, 32), (3, 512, 64), (2, 16384, 64))
+    for m, k, bs in cases:
+        q = fastnf4.quantize(torch.randn(64, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=bs)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.full((m, 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="burst"):
+            gemv_mma.launch(x, *linear_args(q), y=y, kernel=gemv_mma.BURST)
+        torch.cuda.synchronize()
+        assert torch.isnan(y).all(), (m, k, bs)

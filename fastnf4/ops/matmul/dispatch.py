@@ -4,6 +4,10 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 
 | M                         | path                                                            |
 |---------------------------|-----------------------------------------------------------------|
+| 1 .. 2 (CUDA build there) | burst decode kernel of ``gemv_mma.cu`` (small persistent blocks,|
+|                           | loads into registers) on weights of 8-24M elements with N >=    |
+|                           | 2048, K % 256 == 0, blocksize >= 64 (``gemv_mma.burst_wanted``: |
+|                           | the Gemma q / o / k+v projections), ahead of the rules below    |
 | 3 .. 4 (CUDA build there) | decode kernel of ``gemv_mma.cu`` with pair columns (one column  |
 |                           | group holds 4 x rows) on weights of >= 4M elements where        |
 |                           | blocksize >= 64 and K % 64 == 0 (``gemv_mma.pair_wanted``)      |

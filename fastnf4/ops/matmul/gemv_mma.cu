@@ -1770,11 +1770,227 @@ __global__ void __launch_bounds__(split::kThreads, kM == 1 ? 3 : 2) gemv_split(c
 }
 
 
+// ---------------------------------------------------------------------------------------------------------------
+// Burst decode kernel (variant 9, M <= 2; NOTES.md session 28, benchmarks/probe_burst.cu's gemv_burst_r with 4 warps):
+// small persistent blocks (4 warps, 3 per SM), each owning one 16-row tile over all of K at a time, tiles in turn. A
+// warp's rounds are the slice pairs q = warp, warp + 4, ... of the tile (256 codes: the decode kernel's fragment layout
+// over two 128-code slices); every load of a round (four 16-byte weight pieces, one aligned 4-byte word of a row's
+// absmax codes and one nested absmax per row) goes into registers two rounds ahead of its decode (three buffers), no
+// cp.async ring. The pair table (lane l's copy at word 64 v + l), the nested codes and x (in the table's holes) are set
+// up once per block while the first rounds fly; a tile ends with the warps' row sums added in warp order in shared
+// memory (bitwise repeatable). For a kernel without static shared memory the dynamic array starts at the window offset
+// kBurstBase (sm_90: after the 1 KiB the system reserves), where a table lookup is one PRMT + one LDS [R + imm]; where
+// it does not (checked per block), the same code with the base in a register.
+// H200, M = 1 / 2 (probe_burst.py, interleaved with fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json): faster
+// than the decode kernels on the 11-22M-element weights of N >= 2048 (Gemma q 8.3 vs 8.9 us, o 8.3 vs 10.3, k+v 6.7
+// vs 7.2 at M = 1), not elsewhere (``gemv_mma.burst_wanted``).
+// Needs (the host checks): M <= 2, K % 256 == 0, blocksize >= 64 (a power of two), M K <= 16384, N K < 2^31.
+// Copies of a row's aligned absmax-code word can read up to 3 bytes past the last block, never past its aligned word.
+namespace burst {
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kNc = 256 / kThreads;  // nested codes per thread
+constexpr int kSmem = 65536 + 1024 + kWarps * 256;  // table, nested codes, row sums [2][warps][32]
+constexpr uint32_t kBase = 1024;
+
+template <bool kImm>
+__device__ __forceinline__ uint32_t lookup(uint32_t lane4, uint32_t w, int j, uint32_t tab) {
+  const uint32_t off = __byte_perm(w, lane4, 0x5504u | (j << 4));
+  uint32_t v;
+  if constexpr (kImm) {
+    asm("ld.shared.u32 %0, [%1+1024];\n" : "=r"(v) : "r"(off));
+  } else {
+    asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(tab + off));
+  }
+  return v;
+}
+
+// one round's loads: weights of slices 2q, 2q + 1 of rows g / g + 8, the rows' absmax-code words (or float absmax)
+template <bool kNested> struct Round {
+  uint4 wa[2], wb[2];
+  uint32_t ca, cb;     // nested: the aligned word of absmax codes of rows A / B
+  float na, nb;        // nested: the round's nested absmax of rows A / B
+  float fa[2], fb[2];  // not nested: the float32 absmax of the lane's block, per slice
+  int ea, eb, q;       // element offsets of the lane's rows (0 past N), the pair (>= pairs: an empty round)
+};
+
+template <typename T, bool kNested, bool kImm>
+__device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_l, const float (&nested_t)[kNc],
+                                     float offset) {
+  constexpr int W = kWarps;
+  float* nested_code = reinterpret_cast<float*>(smem + 65536);
+  float (*red)[W][32] = reinterpret_cast<float (*)[W][32]>(smem + 65536 + 1024);
+  const uint32_t tab = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int K = static_cast<int>(p.K), M = static_cast<int>(p.M), N = static_cast<int>(p.N);
+  const int tiles = (N + 15) / 16, pairs = K >> 8;
+  const int log2_bs = __ffsll(p.blocksize) - 1;
+  const int c0 = (2 * t) & 3;  // the lane's C columns are chunks c0, c0 + 1 (one quantization block)
+  const uint32_t lane4 = 4u * lane;
+  const bool xon = (g & 3) == t && (g >> 2) < M;
+  // the lane's x of slice s: hole (m K + 128 s + 32 t) / 64 (upper 128 bytes of that entry), byte 64 (t & 1)
+  const uint32_t x_off = 128u + 256u * static_cast<uint32_t>(((g >> 2) * K + 32 * t) >> 6) + 64u * (t & 1);
+  const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
+  const float* am32 = reinterpret_cast<const float*>(p.absmax);
+
+  auto advance = [&](int& tl, int& qq) {
+    qq += W;
+    if (qq >= pairs) {
+      qq = warp;
+      tl += gridDim.x;
+    }
+  };
+  auto load = [&](Round<kNested>& b, int tl, int qq) {
+    const int ra = tl * 16 + g, rb = ra + 8;
+    const bool live = tl < tiles && qq < pairs;
+    const bool onA = live && ra < N, onB = live && rb < N;
+    b.ea = onA ? ra * K : 0;
+    b.eb = onB ? rb * K : 0;
+    b.q = tl < tiles ? qq : pairs;
+    const int o = live ? 128 * qq : 0;  // bytes of the pair in a row
+    const uint8_t* pa = p.packed + (b.ea >> 1) + 16 * t + o;
+    const uint8_t* pb = p.packed + (b.eb >> 1) + 16 * t + o;
+    b.wa[0] = onA ? __ldcs(reinterpret_cast<const uint4*>(pa)) : make_uint4(0, 0, 0, 0);
+    b.wa[1] = onA ? __ldcs(reinterpret_cast<const uint4*>(pa + 64)) : make_uint4(0, 0, 0, 0);
+    b.wb[0] = onB ? __ldcs(reinterpret_cast<const uint4*>(pb)) : make_uint4(0, 0, 0, 0);
+    b.wb[1] = onB ? __ldcs(reinterpret_cast<const uint4*>(pb + 64)) : make_uint4(0, 0, 0, 0);
+    const int ba = (b.ea + 2 * o) >> log2_bs, bb = (b.eb + 2 * o) >> log2_bs;  // first block of the round
+    if constexpr (kNested) {
+      b.ca = __ldg(reinterpret_cast<const uint32_t*>(am8 + (ba & ~3)));
+      b.cb = __ldg(reinterpret_cast<const uint32_t*>(am8 + (bb & ~3)));
+      b.na = __ldg(p.nested_absmax + (ba >> 8));  // (256 codes of a round: one nested block)
+      b.nb = __ldg(p.nested_absmax + (bb >> 8));
+    } else {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        b.fa[u] = __ldg(am32 + ((b.ea + 2 * o + 128 * u + 32 * c0) >> log2_bs));
+        b.fb[u] = __ldg(am32 + ((b.eb + 2 * o + 128 * u + 32 * c0) >> log2_bs));
+      }
+    }
+  };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  auto decode = [&](const Round<kNested>& b) {
+    if (b.q >= pairs) return;
+    const int o = 128 * b.q;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      float sa, sb;
+      if constexpr (kNested) {  // the lane's block as a byte of the aligned code word; as bitsandbytes: product, then sum
+        const int ia = ((b.ea + 2 * o + 128 * u + 32 * c0) >> log2_bs) - (((b.ea + 2 * o) >> log2_bs) & ~3);
+        const int ib = ((b.eb + 2 * o + 128 * u + 32 * c0) >> log2_bs) - (((b.eb + 2 * o) >> log2_bs) & ~3);
+        sa = __fadd_rn(__fmul_rn(nested_code[(b.ca >> (8 * ia)) & 0xffu], b.na), offset);
+        sb = __fadd_rn(__fmul_rn(nested_code[(b.cb >> (8 * ib)) & 0xffu], b.nb), offset);
+      } else {
+        sa = b.fa[u];
+        sb = b.fb[u];
+      }
+      uint4 xv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+      if (xon) {
+        const uint32_t xa = x_off + 512u * (2 * b.q + u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const uint4*>(smem + xa + 16u * i);
+      }
+      const uint32_t xw[16] = {xv[0].x, xv[0].y, xv[0].z, xv[0].w, xv[1].x, xv[1].y, xv[1].z, xv[1].w,
+                               xv[2].x, xv[2].y, xv[2].z, xv[2].w, xv[3].x, xv[3].y, xv[3].z, xv[3].w};
+      const uint4 wa = b.wa[u], wb = b.wb[u];
+      const uint32_t A[4] = {wa.x, wa.y, wa.z, wa.w}, B[4] = {wb.x, wb.y, wb.z, wb.w};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {  // codes 4i..4i+3: byte 2i (a0 / a1) and 2i + 1 (a2 / a3) of each row's chunk
+        const int j = 2 * (i & 1);
+        const uint32_t a0 = lookup<kImm>(lane4, A[i >> 1], j, tab), a1 = lookup<kImm>(lane4, B[i >> 1], j, tab);
+        const uint32_t a2 = lookup<kImm>(lane4, A[i >> 1], j + 1, tab);
+        const uint32_t a3 = lookup<kImm>(lane4, B[i >> 1], j + 1, tab);
+        mma16816<T>(c, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
+      }
+      acc[0] = fmaf(sa, c[0], acc[0]);
+      acc[1] = fmaf(sa, c[1], acc[1]);
+      acc[2] = fmaf(sb, c[2], acc[2]);
+      acc[3] = fmaf(sb, c[3], acc[3]);
+    }
+  };
+  int parity = 0;
+  auto finish = [&](int tl) {  // every warp of the block, once per tile
+    // lane (g, t): x row t / 2, rows g (acc 0-1) and g + 8 (acc 2-3); lanes t and t ^ 1 hold chunks 0-1 and 2-3
+    float va = acc[0] + acc[1], vb = acc[2] + acc[3];
+    va += __shfl_xor_sync(0xffffffffu, va, 1);
+    vb += __shfl_xor_sync(0xffffffffu, vb, 1);
+    if ((t & 1) == 0) {
+      red[parity][warp][16 * (t >> 1) + g] = va;
+      red[parity][warp][16 * (t >> 1) + g + 8] = vb;
+    }
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    __syncthreads();
+    if (threadIdx.x < 16 * M) {
+      const int m = threadIdx.x >> 4, row = tl * 16 + (threadIdx.x & 15);
+      if (row < N) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) v += red[parity][w][threadIdx.x];
+        Pair<T>::store(p.y, static_cast<long long>(m) * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+      }
+    }
+    parity ^= 1;  // (the next tile's barrier orders the reuse of this buffer after these reads)
+  };
+  Round<kNested> b0, b1, b2;
+  int tile = blockIdx.x, q = warp;  // decode cursor
+  int tl_ld = tile, q_ld = q;       // load cursor, two rounds ahead after the prologue
+  load(b0, tl_ld, q_ld);
+  advance(tl_ld, q_ld);
+  load(b1, tl_ld, q_ld);
+  advance(tl_ld, q_ld);
+  {  // set-up while the first rounds fly: table, nested codes, x in the holes (piece i of 8 values: hole i / 8)
+    build_pair_table_from<T>(reinterpret_cast<uint32_t*>(smem), code_l, kThreads);
+#pragma unroll
+    for (int i = 0; i < kNc; ++i)
+      if (kNested) nested_code[i * kThreads + threadIdx.x] = nested_t[i];
+    const int pieces = M * K / 8;
+    const uint4* xg = reinterpret_cast<const uint4*>(p.x);
+    for (int i = threadIdx.x; i < pieces; i += kThreads) {
+      *reinterpret_cast<uint4*>(smem + 128 + 256 * (i >> 3) + 16 * (i & 7)) = __ldg(xg + i);
+    }
+    pdl_launch_dependents();
+    __syncthreads();
+  }
+  auto step = [&](Round<kNested>& cur, Round<kNested>& free) -> bool {
+    load(free, tl_ld, q_ld);
+    advance(tl_ld, q_ld);
+    decode(cur);
+    const int tl = tile;
+    advance(tile, q);
+    if (tile != tl) finish(tl);
+    return tile < tiles;
+  };
+  if (tile < tiles) {
+    while (step(b0, b2) && step(b1, b0) && step(b2, b1)) {
+    }
+  }
+}
+}  // namespace burst
+
+template <typename T, bool kNested>
+__global__ void __launch_bounds__(burst::kThreads, 3) gemv_burst(const __grid_constant__ Params p) {
+  extern __shared__ __align__(16) uint8_t smem[];  // no static shared memory (see kBase)
+  pdl_wait();
+  const float code_l = __ldg(p.code + (threadIdx.x & 15));
+  float nested_t[burst::kNc];
+#pragma unroll
+  for (int i = 0; i < burst::kNc; ++i) nested_t[i] = kNested ? __ldg(p.nested_code + i * burst::kThreads + threadIdx.x) : 0.f;
+  const float offset = kNested ? __ldg(p.offset) : 0.f;
+  if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) == burst::kBase) {
+    burst::body<T, kNested, true>(p, smem, code_l, nested_t, offset);
+  } else {
+    burst::body<T, kNested, false>(p, smem, code_l, nested_t, offset);
+  }
+}
+
 // Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
 // 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.choose``); 5 = the decode kernel
 // with 20 warps x 4 stages (``gemv_mma.choose``); 6 = the split small-weight kernel (M = 1); 7 / 8 = the decode
 // kernel of 16 / 20 warps with pair columns (M <= 4, blocksize >= 64, K % 64 == 0; see kPair), which takes M = 3-4
-// since session 27 (before, the GEMM kernel: on the H200 it had beaten the decode kernel with 2 column groups there,
+// since session 27; 9 = the burst decode kernel (M <= 2, session 28) (before, the GEMM kernel: on the H200 it had beaten the decode kernel with 2 column groups there,
 // gate_up 166 vs 172 us, down 75 vs 88 us; NOTES.md session 4).
 template <typename T, bool kNested>
 void* pick(int variant) {
@@ -1788,6 +2004,7 @@ void* pick(int variant) {
     case 6: return (void*)gemv_split<T, kNested>;
     case 7: return (void*)gemv_mma_pipe<T, 1, kNested, 0, 0, false, true>;
     case 8: return (void*)gemv_mma_pipe<T, 1, kNested, 1, 0, false, true>;
+    case 9: return (void*)gemv_burst<T, kNested>;
   }
   return nullptr;
 }
@@ -1843,6 +2060,7 @@ int threads_for(int variant) {
     case 4: return small::kThreads;
     case 5: case 8: return pipe::Cfg<1, 1>::kThreads;
     case 6: return split::kThreads;
+    case 9: return burst::kThreads;
   }
   return gemm::kThreads;
 }
@@ -1856,12 +2074,14 @@ int smem_for(int variant) {
     case 4: return small::kXBytes;
     case 5: case 8: return pipe::Cfg<1, 1>::kSmem;
     case 6: return split::kXBytes;
+    case 9: return burst::kSmem;
   }
   return 0;
 }
 
 // weight rows of one work item: 16 for the decode kernel (per warp), 16 x warps for the GEMM kernel (per block),
-// one per warp for the small-weight kernel, 8 per block for the M = 1 small-weight kernel
+// one per warp for the small-weight kernel, 8 per block for the M = 1 small-weight kernel, 16 per block at a time for
+// the burst kernel
 int rows_for(int variant) {
   const bool decode = variant == 0 || variant == 5 || variant == 7 || variant == 8;
   return decode ? 16 : variant == 4 ? small::kWarps : variant == 6 ? split::kBlockRows : 16 * gemm::kWarps;
@@ -1953,9 +2173,14 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
                                       : fastnf4_mma::kernel_for(dtype, variant, nested, build, p->xs > 0);
   if (variant == 6 && (p->M < 1 || p->M > 2)) return (int)cudaErrorInvalidValue;
   // the rows of x each variant covers (a forced variant never leaves rows of y unwritten)
-  const long long max_m = variant == 0 || variant == 4 || variant == 5 || variant == 6 ? 2 : variant == 7 || variant == 8
-                          ? 4 : variant == 1 ? 8 : variant == 2 ? 16 : 32;
+  const long long max_m = variant == 0 || variant == 4 || variant == 5 || variant == 6 || variant == 9 ? 2
+                          : variant == 7 || variant == 8 ? 4 : variant == 1 ? 8 : variant == 2 ? 16 : 32;
   if (p->M < 1 || p->M > max_m) return (int)cudaErrorInvalidValue;
+  // the burst kernel: whole slice pairs, a lane's blocks in one aligned word of codes, x in the holes, 32-bit offsets,
+  // one 16-row tile per block at a time (no split-K, no staged-x or settle plans)
+  if (variant == 9 && (p->K % 256 != 0 || p->blocksize < 64 || p->M * p->K > 16384 || p->N * p->K >= (1LL << 31) ||
+                       p->splits != 1 || p->local > 0 || p->xs > 0 || p->gsplit || p->lsplit))
+    return (int)cudaErrorInvalidValue;
   // pair columns: M <= 4 (32-bit x offsets: M K < 2^32), whole chunk pairs per block, x in registers, no split-major
   // plans
   if ((variant == 7 || variant == 8) && (p->M < 1 || p->M > 4 || p->blocksize < 64 || p->K % 64 != 0 ||

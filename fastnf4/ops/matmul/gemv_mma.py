@@ -112,7 +112,7 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
 
 
-VARIANTS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
+VARIANTS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
 SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
 SPLIT = 6  # the M <= 2 small-weight kernel (CUDA cores, rows split over warp pairs; gemv_split in gemv_mma.cu)
 DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block instead of 16 x 6
@@ -120,6 +120,7 @@ DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block ins
 # x in registers; a block-local work item's partial sums take two holes)
 PAIR, PAIR_WIDE = 7, 8
 PAIR_ITEM_HOLES = 2  # holes a block-local work item's partial sums take in the pair builds (gemv_mma.cu slot_at)
+BURST = 9  # the burst decode kernel (M <= 2; small persistent blocks, loads into registers: gemv_burst in gemv_mma.cu)
 DECODES = (0, DECODE_WIDE, PAIR, PAIR_WIDE)
 # M = 1 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE. H200, session 13 (NOTES.md; probe_decode.py,
 # probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
@@ -205,6 +206,25 @@ def pick_pair_build(cost16: float, cost20: float, global20: bool) -> int:
 def pair_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
     """Whether a call at M 3-4 takes the pair-column decode kernel (see PAIR_MIN_ELEMS)."""
     return 3 <= m <= 4 and blocksize >= 64 and k % 64 == 0 and n * k >= PAIR_MIN_ELEMS
+
+
+# M <= 2: the burst decode kernel (gemv_mma.cu, namespace burst) on weights of BURST_MIN_ELEMS to BURST_MAX_ELEMS
+# elements with N >= BURST_MIN_N, where its layout holds (K % 256 == 0, blocksize >= 64, M K <= 16384). H200, session 28
+# (benchmarks/probe_burst.py, interleaved graph timing against fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json
+# and three earlier runs at M = 1 that agree within 0.5 us), us at M = 1 / 2, burst vs the decode kernels: Gemma q
+# (4096 x 5376) 8.3 vs 8.9 / 8.7 vs 9.1, Gemma o (5376 x 4096) 8.3 vs 10.3 / 8.8 vs 10.6, Gemma k+v (2048 x 5376) 6.7 vs
+# 7.2 / 7.0 vs 7.2. Slower on the N = 1024 k+v projections at M = 1 (Llama 7.6 vs 6.3, Qwen 5.9 vs 5.3) and from 42M
+# elements up (Qwen q 13.0 vs 11.8, Gemma qkv 14.0 vs 12.4); level or slower on the larger ones but Qwen gate+up
+# (27.0 vs 27.8 at M = 1): one tile per block over all of K has no split-K to balance the last wave.
+BURST_MIN_ELEMS = 8 * 2**20
+BURST_MAX_ELEMS = 24 * 2**20
+BURST_MIN_N = 2048
+
+
+def burst_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
+    """Whether a call at M <= 2 takes the burst decode kernel (see BURST_MIN_ELEMS)."""
+    return (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n >= BURST_MIN_N and
+            BURST_MIN_ELEMS <= n * k <= BURST_MAX_ELEMS)
 
 
 def picks_by_cost(m: int, n: int, k: int) -> bool:
@@ -476,12 +496,20 @@ class Prepared:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if kernel is None and pair_wanted(m, n, k, blocksize):
             v = _pick_pair(lib, m, n, k, dt, nested)
+        if (kernel is None and local is None and splits is None and local_cluster is None and
+                burst_wanted(m, n, k, blocksize) and lib.occupancy[(dt, BURST, int(nested))] > 0):
+            v = BURST  # (forced plans of the decode kernels keep them)
         if v == SPLIT and m > 2:
             raise ValueError("gemv_mma: the split small-weight kernel takes M = 1 or 2")
         if v in (SMALL, SPLIT):
             if not small_fits(m, k, x2d.element_size()):
                 raise ValueError(f"gemv_mma: the small-weight kernel takes M <= 2 and M * K <= {SMALL_X_BYTES // 2}")
             splits = (1, -(-k // SLICE))  # whole rows per block, no split-K across blocks
+        if v == BURST:
+            if not (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n * k < 2**31):
+                raise ValueError("gemv_mma: the burst kernel takes M <= 2, blocksize >= 64, K % 256 == 0, "
+                                 "M * K <= 16384 and N * K < 2^31")
+            splits = (1, -(-k // SLICE))  # one tile per block at a time over all of K
         occ = lib.occupancy[(dt, v, int(nested))]
         if occ <= 0:
             raise RuntimeError("gemv_mma kernel cannot be resident on this GPU")
@@ -561,6 +589,8 @@ class Prepared:
         # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
         if tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
             self.grid = min(local_groups(sms * occ, lc, clusters), -(-tiles // tpb)) * lc
+        elif v == BURST:  # persistent blocks, one tile each at a time
+            self.grid = min(sms * occ, tiles)
         else:
             self.grid = -(-items // per_block) if v == SPLIT else min(sms * occ, -(-items // per_block))
         self.params = Params(
