@@ -352,10 +352,17 @@ def test_unaligned_statistics(nested, shift):
     args[1] = buf[shift // step:]
     assert args[1].data_ptr() % 16 == shift
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    for kernel in (None, gemv_mma.DECODE_WIDE):
+    for kernel in (0, gemv_mma.DECODE_WIDE):  # (the decode kernels, named: the dispatcher's pick here is the burst one)
         y = gemv_mma.launch(x, *linear_args(q), kernel=kernel)
         yu = gemv_mma.launch(x, *args, kernel=kernel)
         assert torch.equal(y, yu), kernel
+    # the burst kernel reads a row's absmax codes as aligned words: off 4-byte alignment the dispatcher keeps the
+    # decode kernel, and a forced burst launch is refused
+    assert gemv_mma.Prepared(x, *linear_args(q)).v == gemv_mma.BURST
+    assert (gemv_mma.Prepared(x, *args).v == gemv_mma.BURST) == (args[1].data_ptr() % 4 == 0)
+    if args[1].data_ptr() % 4:
+        with pytest.raises(ValueError, match="burst"):
+            gemv_mma.launch(x, *args, kernel=gemv_mma.BURST)
 
 
 def _model_exact(q, x, bias):

@@ -1784,7 +1784,8 @@ __global__ void __launch_bounds__(split::kThreads, kM == 1 ? 3 : 2) gemv_split(c
 // H200, M = 1 / 2 (probe_burst.py, interleaved with fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json): faster
 // than the decode kernels on the 11-22M-element weights of N >= 2048 (Gemma q 8.3 vs 8.9 us, o 8.3 vs 10.3, k+v 6.7
 // vs 7.2 at M = 1), not elsewhere (``gemv_mma.burst_wanted``).
-// Needs (the host checks): M <= 2, K % 256 == 0, blocksize >= 64 (a power of two), M K <= 16384, N K < 2^31.
+// Needs (the host checks): M <= 2, K % 256 == 0, blocksize >= 64 (a power of two), M K <= 16384, N K < 2^31, the
+// absmax array 4-byte aligned (its code words are read whole).
 // Copies of a row's aligned absmax-code word can read up to 3 bytes past the last block, never past its aligned word.
 namespace burst {
 constexpr int kWarps = 4;
@@ -2179,7 +2180,8 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
   // the burst kernel: whole slice pairs, a lane's blocks in one aligned word of codes, x in the holes, 32-bit offsets,
   // one 16-row tile per block at a time (no split-K, no staged-x or settle plans)
   if (variant == 9 && (p->K % 256 != 0 || p->blocksize < 64 || p->M * p->K > 16384 || p->N * p->K >= (1LL << 31) ||
-                       p->splits != 1 || p->local > 0 || p->xs > 0 || p->gsplit || p->lsplit))
+                       (reinterpret_cast<uintptr_t>(p->absmax) & 3) != 0 || p->splits != 1 || p->local > 0 ||
+                       p->xs > 0 || p->gsplit || p->lsplit))
     return (int)cudaErrorInvalidValue;
   // pair columns: M <= 4 (32-bit x offsets: M K < 2^32), whole chunk pairs per block, x in registers, no split-major
   // plans

@@ -496,9 +496,9 @@ class Prepared:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if kernel is None and pair_wanted(m, n, k, blocksize):
             v = _pick_pair(lib, m, n, k, dt, nested)
-        if (kernel is None and local is None and splits is None and local_cluster is None and
-                burst_wanted(m, n, k, blocksize) and lib.occupancy[(dt, BURST, int(nested))] > 0):
-            v = BURST  # (forced plans of the decode kernels keep them)
+        if (kernel is None and local is None and splits is None and local_cluster is None and absmax.data_ptr() % 4 == 0
+                and burst_wanted(m, n, k, blocksize) and lib.occupancy[(dt, BURST, int(nested))] > 0):
+            v = BURST  # (forced plans of the decode kernels keep them; statistics in a view off 4-byte alignment too)
         if v == SPLIT and m > 2:
             raise ValueError("gemv_mma: the split small-weight kernel takes M = 1 or 2")
         if v in (SMALL, SPLIT):
@@ -506,9 +506,10 @@ class Prepared:
                 raise ValueError(f"gemv_mma: the small-weight kernel takes M <= 2 and M * K <= {SMALL_X_BYTES // 2}")
             splits = (1, -(-k // SLICE))  # whole rows per block, no split-K across blocks
         if v == BURST:
-            if not (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n * k < 2**31):
+            if not (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n * k < 2**31 and
+                    absmax.data_ptr() % 4 == 0):
                 raise ValueError("gemv_mma: the burst kernel takes M <= 2, blocksize >= 64, K % 256 == 0, "
-                                 "M * K <= 16384 and N * K < 2^31")
+                                 "M * K <= 16384, N * K < 2^31 and statistics at a 4-byte aligned address")
             splits = (1, -(-k // SLICE))  # one tile per block at a time over all of K
         occ = lib.occupancy[(dt, v, int(nested))]
         if occ <= 0:
