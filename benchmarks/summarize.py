@@ -56,6 +56,46 @@ def matmul(d):
               f"{max(r['fastnf4_pct_floor'] for r in rs):.0f} | {f('err_ratio')} |")
 
 
+def matmul_targets(d):
+    """Issue 3's "Done when" lines, each counted over the weights it names (row sizes are of the packed weight)."""
+    rows = d["rows"]
+
+    def line(text, ms, min_mb, ok, shown, max_mb=float("inf")):
+        rs = [r for r in rows if r["M"] in ms and min_mb <= r["nf4_mb"] < max_mb]
+        good = [r for r in rs if ok(r)]
+        lo, hi = min(shown(r) for r in rs), max(shown(r) for r in rs)
+        miss = sorted((r for r in rs if not ok(r)), key=shown)
+        names = ", ".join(f"{r['model'].split('-')[0]} {r['layer']}" + (f" M={r['M']}" if len(ms) > 1 else "")
+                          + f" {shown(r):.2f}" for r in miss[:6])
+        more = f" (+{len(miss) - 6} more)" if len(miss) > 6 else ""
+        print(f"| {text} | {lo:.2f}-{hi:.2f} | {len(good)} of {len(rs)} | {names}{more} |")
+
+    print("Issue 3's lines in this run (\"x\": fastnf4 `linear`'s speedup; \"% floor\": its share of the NF4 byte floor):\n")
+    print("| line | range | rows that meet it | the misses, worst first |")
+    print("|---|---|---|---|")
+    line("M = 1, >= 32 MB: >= 60% of the floor (% floor)", (1,), 32, lambda r: r["fastnf4_pct_floor"] >= 60,
+         lambda r: r["fastnf4_pct_floor"])
+    line("M = 1, >= 8 MB: >= 2.5x bitsandbytes", (1,), 8, lambda r: r["vs_bnb"] >= 2.5, lambda r: r["vs_bnb"])
+    for m in (8, 16, 32):
+        line(f"M = {m}, >= 8 MB: faster than cuBLAS bf16", (m,), 8, lambda r: r["vs_cublas"] > 1,
+             lambda r: r["vs_cublas"])
+        line(f"M = {m}, >= 8 MB: >= 3x bitsandbytes", (m,), 8, lambda r: r["vs_bnb"] >= 3, lambda r: r["vs_bnb"])
+    line("M = 128, >= 8 MB: no slower than cuBLAS bf16", (128,), 8, lambda r: r["vs_cublas"] >= 1,
+         lambda r: r["vs_cublas"])
+    for m in (512, 2048):
+        line(f"M = {m}, >= 8 MB: within 1.15x of cuBLAS bf16 (cuBLAS time / fastnf4 time >= 0.870)", (m,), 8,
+             lambda r: r["fastnf4_us"] <= 1.15 * r["cublas_bf16_us"], lambda r: r["vs_cublas"])
+    ms = sorted({r["M"] for r in rows})
+    line("every M, k/v (< 8 MB): never slower than bitsandbytes", ms, 0,
+         lambda r: r["fastnf4_us"] <= r["bnb_us"], lambda r: r["vs_bnb"], max_mb=8)
+    fused = [r for r in rows if r["path"] != "dequant+matmul"]
+    slow = [r for r in fused if r["fastnf4_us"] > r["fastnf4_dq_cublas_us"] * 1.02]
+    print(f"\nFused rows (a fastnf4 matmul kernel, not dequantize + cuBLAS) more than 2% slower than fastnf4 dequantize + "
+          f"cuBLAS: {len(slow)} of {len(fused)}"
+          + "".join(f"; {r['model'].split('-')[0]} {r['layer']} M={r['M']} {r['path']} {r['fastnf4_us']:.1f} vs "
+                    f"{r['fastnf4_dq_cublas_us']:.1f} us" for r in slow))
+
+
 NAMES = {"llama-3.3-70b": "Llama-3.3-70B", "qwen3-32b": "Qwen3-32B", "gemma-3-27b": "Gemma-3-27B"}
 VARIANTS = {"bf16": "bf16", "bnb": "bitsandbytes NF4", "fastnf4": "fastnf4 NF4"}
 
@@ -89,3 +129,6 @@ if __name__ == "__main__":
         d = json.load(open(path))
         {"dequant": dequant, "quantize": quantize, "matmul": matmul, "e2e": e2e}[d["benchmark"]](d)
         print()
+        if d["benchmark"] == "matmul":
+            matmul_targets(d)
+            print()
