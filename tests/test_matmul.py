@@ -601,34 +601,6 @@ def test_pair_kernel_only_where_it_runs():
             assert dispatch.choose_path(m, n, k, 64, mma_ok=mma_ok, wgmma_ok=True, pair_ok=True) == "mma"
 
 
-def test_burst_plan_slots_cover_every_shared_tile():
-    """The burst kernel's stream-K split (session 29): block b of G takes units [b U / G, (b + 1) U / G) of the U tile
-    slice pairs. Counted unit by unit here: every block non-empty, the grid no larger than the resident blocks nor the
-    units, and ``slots`` at least the most blocks that share a tile (1 exactly where every tile lies in one block); the
-    kernel's own formulas for a tile's first and last block agree with the count."""
-    from fastnf4.ops.matmul import gemv_mma as g
-
-    small = [(16 * t, 256 * p, b) for t in range(1, 21) for p in range(1, 9) for b in range(1, 31)]
-    for n, k, blocks in small + [(17, 256, 396), (40, 1280, 396), (1000, 4096, 396), (3000, 5376, 396), (40000, 1024, 396),
-                         (5376, 4096, 396), (8192, 8192, 396), (2048, 5376, 396), (64, 512, 3), (160, 2048, 5),
-                         (4096, 4096, 256), (25600, 5120, 132), (17, 16384, 7), (1024, 8192, 264), (1000, 256, 396),
-                         (300, 256, 7)]:
-        grid, slots = g.burst_plan(n, k, blocks)
-        pairs, tiles = k // 256, -(-n // 16)
-        units = tiles * pairs
-        assert 1 <= grid <= min(blocks, units)
-        starts = [b * units // grid for b in range(grid + 1)]
-        assert all(starts[b] < starts[b + 1] for b in range(grid))
-        owner = [b for b in range(grid) for _ in range(starts[b], starts[b + 1])]
-        sharing = [len(set(owner[t * pairs:(t + 1) * pairs])) for t in range(tiles)]
-        assert slots >= max(sharing), (n, k, blocks)
-        assert (slots == 1) == (max(sharing) == 1), (n, k, blocks)
-        for t in range(tiles):  # gemv_mma.cu burst::body: b_first / b_last of a shared tile
-            first = t * pairs
-            assert ((first + 1) * grid - 1) // units == owner[first]
-            assert ((first + pairs) * grid - 1) // units == owner[first + pairs - 1]
-
-
 def test_burst_kernel_rule_on_model_shapes():
     """M <= 2 (session 28, benchmarks/probe_burst.py on the H200): the burst decode kernel takes exactly the model weights
     where it measured faster than the decode kernels at M = 1 and 2, Gemma q, o and k+v (11-22M elements, N >= 2048),

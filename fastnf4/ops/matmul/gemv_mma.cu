@@ -1772,26 +1772,20 @@ __global__ void __launch_bounds__(split::kThreads, kM == 1 ? 3 : 2) gemv_split(c
 
 // ---------------------------------------------------------------------------------------------------------------
 // Burst decode kernel (variant 9, M <= 2; NOTES.md session 28, benchmarks/probe_burst.cu's gemv_burst_r with 4 warps):
-// small persistent blocks (4 warps, 3 per SM). The work is tiles x pairs units (a 16-row tile's slice pairs of 256
-// codes: the decode kernel's fragment layout over two 128-code slices), in tile order; block b of G takes units
-// [b U / G, (b + 1) U / G) (stream-K, session 29: every block the same share, where one tile per block at a time left
-// the last round of tiles on part of the blocks). A warp's rounds are the pairs q0 + warp, q0 + warp + 4, ... of each
-// of the block's tiles; every load of a round (four 16-byte weight pieces, one aligned 4-byte word of a row's
+// small persistent blocks (4 warps, 3 per SM), each owning one 16-row tile over all of K at a time, tiles in turn. A
+// warp's rounds are the slice pairs q = warp, warp + 4, ... of the tile (256 codes: the decode kernel's fragment layout
+// over two 128-code slices); every load of a round (four 16-byte weight pieces, one aligned 4-byte word of a row's
 // absmax codes and one nested absmax per row) goes into registers two rounds ahead of its decode (three buffers), no
 // cp.async ring. The pair table (lane l's copy at word 64 v + l), the nested codes and x (in the table's holes) are set
 // up once per block while the first rounds fly; a tile ends with the warps' row sums added in warp order in shared
-// memory. A tile the block holds whole is stored; a tile shared with other blocks (at most two per block: its first
-// and last) leaves the block's sums in Params::partial at the block's slot among the tile's blocks, and the last of
-// them to arrive (fence, then an atomic count per tile in Params::counters, reset by it) adds the slots in slot
-// order and stores: the same bits whatever the arrival order. For a kernel without static shared memory the dynamic array starts at the window offset
+// memory (bitwise repeatable). For a kernel without static shared memory the dynamic array starts at the window offset
 // kBurstBase (sm_90: after the 1 KiB the system reserves), where a table lookup is one PRMT + one LDS [R + imm]; where
 // it does not (checked per block), the same code with the base in a register.
 // H200, M = 1 / 2 (probe_burst.py, interleaved with fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json): faster
 // than the decode kernels on the 11-22M-element weights of N >= 2048 (Gemma q 8.3 vs 8.9 us, o 8.3 vs 10.3, k+v 6.7
 // vs 7.2 at M = 1), not elsewhere (``gemv_mma.burst_wanted``).
 // Needs (the host checks): M <= 2, K % 256 == 0, blocksize >= 64 (a power of two), M K <= 16384, N K < 2^31, the
-// absmax array 4-byte aligned (its code words are read whole), G <= U, and where a tile is shared: partial with
-// ``splits`` >= the most blocks sharing a tile (slots) and counters (one per tile, zero).
+// absmax array 4-byte aligned (its code words are read whole).
 // Copies of a row's aligned absmax-code word can read up to 3 bytes past the last block, never past its aligned word.
 namespace burst {
 constexpr int kWarps = 4;
@@ -1840,25 +1834,20 @@ __device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_
   const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
   const float* am32 = reinterpret_cast<const float*>(p.absmax);
 
-  // the block's units: tiles t_first .. t_last, from pair q_first of the first to one before q_end of the last
-  const long long U = static_cast<long long>(tiles) * pairs;
-  const int u0 = static_cast<int>(blockIdx.x * U / gridDim.x), u1 = static_cast<int>((blockIdx.x + 1) * U / gridDim.x);
-  const int t_first = u0 / pairs, q_first = u0 - t_first * pairs;
-  const int t_last = (u1 - 1) / pairs, q_end = u1 - t_last * pairs;
-  auto advance = [&](int& tl, int& qq) {  // (a warp with no pair in a tile still takes one empty round of it)
+  auto advance = [&](int& tl, int& qq) {
     qq += W;
-    if (qq >= (tl == t_last ? q_end : pairs)) {
+    if (qq >= pairs) {
       qq = warp;
-      ++tl;
+      tl += gridDim.x;
     }
   };
   auto load = [&](Round<kNested>& b, int tl, int qq) {
     const int ra = tl * 16 + g, rb = ra + 8;
-    const bool live = tl <= t_last && qq < (tl == t_last ? q_end : pairs);
+    const bool live = tl < tiles && qq < pairs;
     const bool onA = live && ra < N, onB = live && rb < N;
     b.ea = onA ? ra * K : 0;
     b.eb = onB ? rb * K : 0;
-    b.q = live ? qq : pairs;
+    b.q = tl < tiles ? qq : pairs;
     const int o = live ? 128 * qq : 0;  // bytes of the pair in a row
     const uint8_t* pa = p.packed + (b.ea >> 1) + 16 * t + o;
     const uint8_t* pb = p.packed + (b.eb >> 1) + 16 * t + o;
@@ -1935,43 +1924,19 @@ __device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_
     }
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     __syncthreads();
-    if (warp == 0) {  // (16 M <= 32 sums)
-      const int m = lane >> 4, row = tl * 16 + (lane & 15);
-      const bool on = lane < 16 * M && row < N;
-      float v = 0.f;
-      if (on) {
+    if (threadIdx.x < 16 * M) {
+      const int m = threadIdx.x >> 4, row = tl * 16 + (threadIdx.x & 15);
+      if (row < N) {
+        float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < W; ++w) v += red[parity][w][lane];
-      }
-      bool store = true;
-      if ((tl == t_first && q_first > 0) || (tl == t_last && q_end < pairs)) {  // shared with other blocks
-        const long long first = static_cast<long long>(tl) * pairs;
-        const int b_first = static_cast<int>(((first + 1) * gridDim.x - 1) / U);  // the blocks holding its first and
-        const int b_last = static_cast<int>(((first + pairs) * gridDim.x - 1) / U);  // last unit
-        const int slot = blockIdx.x - b_first, n = b_last - b_first + 1;
-        float* part = p.partial + static_cast<long long>(m) * N + row;
-        const long long stride = M * N;
-        if (on) __stcg(part + slot * stride, v);
-        __syncwarp();  // the lanes' sums precede the arrival (release, cumulative: as settle_splits)
-        unsigned arrived = 0;
-        if (lane == 0)
-          asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(arrived) : "l"(p.counters + tl) : "memory");
-        arrived = __shfl_sync(0xffffffffu, arrived, 0);  // (and the acquire passed to the warp's reads)
-        store = arrived == static_cast<unsigned>(n - 1);
-        if (store) {  // the last: every slot is written; add them in slot order
-          float sum = 0.f;
-          for (int c = 0; c < n; ++c) sum += c == slot ? v : on ? __ldcg(part + c * stride) : 0.f;
-          v = sum;
-          if (lane == 0) atomicExch(p.counters + tl, 0);
-        }
-      }
-      if (store && on)
+        for (int w = 0; w < W; ++w) v += red[parity][w][threadIdx.x];
         Pair<T>::store(p.y, static_cast<long long>(m) * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
+      }
     }
     parity ^= 1;  // (the next tile's barrier orders the reuse of this buffer after these reads)
   };
   Round<kNested> b0, b1, b2;
-  int tile = t_first, q = q_first + warp;  // decode cursor
+  int tile = blockIdx.x, q = warp;  // decode cursor
   int tl_ld = tile, q_ld = q;       // load cursor, two rounds ahead after the prologue
   load(b0, tl_ld, q_ld);
   advance(tl_ld, q_ld);
@@ -1997,9 +1962,9 @@ __device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_
     const int tl = tile;
     advance(tile, q);
     if (tile != tl) finish(tl);
-    return tile <= t_last;
+    return tile < tiles;
   };
-  if (u0 < u1) {
+  if (tile < tiles) {
     while (step(b0, b2) && step(b1, b0) && step(b2, b1)) {
     }
   }
@@ -2214,18 +2179,11 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
                           : variant == 7 || variant == 8 ? 4 : variant == 1 ? 8 : variant == 2 ? 16 : 32;
   if (p->M < 1 || p->M > max_m) return (int)cudaErrorInvalidValue;
   // the burst kernel: whole slice pairs, a lane's blocks in one aligned word of codes, x in the holes, 32-bit offsets,
-  // its own stream-K split (no decode-kernel plans): at most U blocks, and where a tile is shared by blocks, slots for
-  // the most that share one (interior blocks of >= U / G units each, plus the two at its ends) and the counters
-  if (variant == 9) {
-    const long long units = (p->N + 15) / 16 * (p->K / 256);
-    const long long shared = units < 1 || grid < 1 ? 0 : (p->K / 256) / (units / grid) + 2;
-    const bool whole = p->K == 256 || (units >= 1 && grid >= 1 && units % grid == 0 && (units / grid) % (p->K / 256) == 0);
-    if (p->K % 256 != 0 || p->K < 256 || p->blocksize < 64 || p->M * p->K > 16384 || p->N * p->K >= (1LL << 31) ||
-        (reinterpret_cast<uintptr_t>(p->absmax) & 3) != 0 || p->local > 0 || p->xs > 0 || p->gsplit || p->lsplit ||
-        grid < 1 || grid > units ||
-        (!whole && (p->partial == nullptr || p->counters == nullptr || p->splits < (shared < grid ? shared : grid))))
-      return (int)cudaErrorInvalidValue;
-  }
+  // one 16-row tile per block at a time (no split-K, no staged-x or settle plans)
+  if (variant == 9 && (p->K % 256 != 0 || p->blocksize < 64 || p->M * p->K > 16384 || p->N * p->K >= (1LL << 31) ||
+                       (reinterpret_cast<uintptr_t>(p->absmax) & 3) != 0 || p->splits != 1 || p->local > 0 ||
+                       p->xs > 0 || p->gsplit || p->lsplit))
+    return (int)cudaErrorInvalidValue;
   // pair columns: M <= 4 (32-bit x offsets: M K < 2^32), whole chunk pairs per block, x in registers, no split-major
   // plans
   if ((variant == 7 || variant == 8) && (p->M < 1 || p->M > 4 || p->blocksize < 64 || p->K % 64 != 0 ||

@@ -221,20 +221,6 @@ BURST_MAX_ELEMS = 24 * 2**20
 BURST_MIN_N = 2048
 
 
-def burst_plan(n: int, k: int, blocks: int) -> tuple[int, int]:
-    """The burst kernel's stream-K split (gemv_mma.cu, namespace burst): (grid, slots). Its units are the 16-row tiles'
-    slice pairs (256 codes), block b of the grid taking units [b U / G, (b + 1) U / G) of the U in tile order; slots:
-    the most blocks that share one tile (1: every tile whole in one block; else the blocks of a shared tile leave
-    their sums in that many float32 slots and the last to arrive adds them)."""
-    pairs = k // 256
-    units = -(-n // 16) * pairs
-    grid = max(1, min(blocks, units))
-    per = units // grid  # units of the shortest block
-    if pairs == 1 or (units % grid == 0 and per % pairs == 0):  # (with pairs > 1, only then: tests/test_matmul.py)
-        return grid, 1
-    return grid, min(grid, pairs // per + 2)  # (the blocks inside a tile, plus one at each end)
-
-
 def burst_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
     """Whether a call at M <= 2 takes the burst decode kernel (see BURST_MIN_ELEMS)."""
     return (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n >= BURST_MIN_N and
@@ -510,11 +496,8 @@ class Prepared:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if kernel is None and pair_wanted(m, n, k, blocksize):
             v = _pick_pair(lib, m, n, k, dt, nested)
-        counters = _counters_for(index)
-        tiles = -(-n // 16)
         if (kernel is None and local is None and splits is None and local_cluster is None and absmax.data_ptr() % 4 == 0
-                and burst_wanted(m, n, k, blocksize) and lib.occupancy[(dt, BURST, int(nested))] > 0
-                and counters is not None and tiles <= _COUNTERS):
+                and burst_wanted(m, n, k, blocksize) and lib.occupancy[(dt, BURST, int(nested))] > 0):
             v = BURST  # (forced plans of the decode kernels keep them; statistics in a view off 4-byte alignment too)
         if v == SPLIT and m > 2:
             raise ValueError("gemv_mma: the split small-weight kernel takes M = 1 or 2")
@@ -527,14 +510,13 @@ class Prepared:
                     absmax.data_ptr() % 4 == 0):
                 raise ValueError("gemv_mma: the burst kernel takes M <= 2, blocksize >= 64, K % 256 == 0, "
                                  "M * K <= 16384, N * K < 2^31 and statistics at a 4-byte aligned address")
+            splits = (1, -(-k // SLICE))  # one tile per block at a time over all of K
         occ = lib.occupancy[(dt, v, int(nested))]
         if occ <= 0:
             raise RuntimeError("gemv_mma kernel cannot be resident on this GPU")
         sms = lib.sms
-        burst_grid = 0
-        if v == BURST:  # its own stream-K split: slots of partial sums where blocks share a tile
-            burst_grid, slots = burst_plan(n, k, sms * occ)
-            splits = (slots, 1)
+        counters = _counters_for(index)
+        tiles = -(-n // 16)
         rows = lib.rows[v]
         # the decode kernel's workers are warps (one 16-row item each), the GEMM kernel's are blocks
         per_block = lib.warps[v] if rows == 16 else 1
@@ -608,8 +590,8 @@ class Prepared:
         # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
         if tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
             self.grid = min(local_groups(sms * occ, lc, clusters), -(-tiles // tpb)) * lc
-        elif v == BURST:  # persistent blocks, an equal share of the tiles' slice pairs each
-            self.grid = burst_grid
+        elif v == BURST:  # persistent blocks, one tile each at a time
+            self.grid = min(sms * occ, tiles)
         else:
             self.grid = -(-items // per_block) if v == SPLIT else min(sms * occ, -(-items // per_block))
         self.params = Params(
