@@ -1,0 +1,102 @@
+"""The burst GEMM (benchmarks/probe_burst16.cu) at M = 3-32: checks (error against a float64 product within 2x
+cuBLAS's, NaN-poisoned output, odd N and M, blocksizes 64-4096, double quant on / off, fp16 / bf16, bias, several
+passes of x rows), then each build, fastnf4.linear and bf16 cuBLAS in one interleaved graph timing per (weight, M):
+Gemma o at M 4 / 8 / 16 / 32, and at M = 8 the weights whose 8 x rows fit (K <= 9216).
+usage: python benchmarks/probe_burst16.py [OUT.json]"""
+import ctypes
+import os
+
+import torch
+
+import fastnf4
+from fastnf4 import _cuda
+from fastnf4.bench.harness import copy_bandwidth
+from fastnf4.ops.matmul.gemv_mma import Params
+from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
+
+CFGS = {0: "w8 nt2", 1: "w8 nt1", 2: "w12 nt2"}
+SMEM_MAX = 232448
+
+
+def fits(cfg, k):
+    w, nt = {0: (8, 2), 1: (8, 1), 2: (12, 2)}[cfg]
+    return 65536 + 1024 + 2 * w * 1024 + 8 * nt * (2 * k + 16) <= SMEM_MAX
+
+
+def main():
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_burst16.cu")
+    lib = ctypes.CDLL(_cuda.compile_source(src, _cuda.device_arch(0)))  # (FASTNF4_CACHE: a prebuilt library)
+    lib.probe_burst16.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.probe_burst16.restype = ctypes.c_int
+
+    def launcher(cfg):
+        def run(x, q, b=None, y=None):
+            m, k = x.shape
+            n = q.shape[0]
+            if y is None:
+                y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+            nested = q.nested_absmax is not None
+            p = Params(packed=q.packed.data_ptr(), absmax=q.absmax.data_ptr(),
+                       nested_code=q.nested_code.data_ptr() if nested else None,
+                       nested_absmax=q.nested_absmax.data_ptr() if nested else None,
+                       offset=q.offset.data_ptr() if nested else None, x=x.data_ptr(),
+                       bias=b.data_ptr() if b is not None else None, y=y.data_ptr(), M=m, N=n, K=k,
+                       blocksize=q.blocksize, splits=1, slices_per_split=k // 128, code=q.code.data_ptr())
+            rc = lib.probe_burst16(ctypes.byref(p), 0 if x.dtype == torch.bfloat16 else 1, int(nested), cfg,
+                                   torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"probe_burst16 cfg {cfg}: error {rc}")
+            return y
+        return run
+
+    fails = 0
+    for cfg in CFGS:
+        run = launcher(cfg)
+        for (m, n, k, bs, nested, bias, dt) in ((16, 1000, 4096, 64, True, False, torch.bfloat16),
+                                                (5, 777, 2048, 128, False, True, torch.float16),
+                                                (32, 5376, 4096, 64, True, True, torch.bfloat16),
+                                                (3, 40, 1280, 64, True, True, torch.bfloat16),
+                                                (13, 300, 3072, 4096, False, False, torch.float16),
+                                                (24, 17, 256, 256, True, False, torch.bfloat16),
+                                                (8, 2048, 8192, 64, True, False, torch.bfloat16)):
+            if not fits(cfg, k):
+                continue
+            r, finite = error_ratio(run, m, n, k, bs, nested, bias, dt)
+            ok = finite and r <= 2.0
+            fails += not ok
+            print(f"check {CFGS[cfg]} M {m} {n}x{k} bs {bs} nested {nested} bias {bias} {dt}: err ratio {r:.2f} "
+                  f"finite {finite} {'ok' if ok else 'FAIL'}", flush=True)
+    print(f"checks: {fails} failed", flush=True)
+    if fails:
+        return
+    gbs = copy_bandwidth()["GBps"]
+    rows = []
+    plan = {(5376, 4096): (4, 8, 16, 32), (4096, 5376): (4, 8), (8192, 5120): (8,), (8192, 8192): (8,),
+            (21504, 5376): (8,), (5120, 8192): (8,)}
+    for model, layer, n, k, w, q in model_weights(8e6):
+        if (n, k) not in plan:
+            continue
+        ws, qs = rotated(w, q)
+        wd = fastnf4.dequantize(q, torch.bfloat16)
+        for m in plan[(n, k)]:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            runs = {"linear": production}
+            for cfg, name in CFGS.items():
+                if fits(cfg, k):
+                    runs[name] = lambda x, q, y=None, r=launcher(cfg): r(x, q, None, y)
+            a = runs[list(runs)[1]](x, q)
+            assert torch.equal(a, runs[list(runs)[1]](x, q)), (model, layer, m)
+            t, errs = check_and_time(x, wd, ws, qs, runs, f"{model} {layer}")
+            floor = q.nbytes() / gbs / 1e3
+            rows.append({"model": model, "layer": layer, "N": n, "K": k, "M": m, "floor_us": floor, "us": t,
+                         "err": errs})
+            best = min((v, nm) for nm, v in t.items() if nm in CFGS.values())
+            print(f"{model[:6]:6} {layer:8} M {m:2} | " + " ".join(f"{nm} {v:6.1f}" for nm, v in t.items()) +
+                  f" | best {best[1]} {best[0] / t['cublas']:.2f}x cuBLAS's time, linear {t['linear'] / t['cublas']:.2f}x",
+                  flush=True)
+        del ws, qs
+    write_rows(rows)
+
+
+if __name__ == "__main__":
+    main()
