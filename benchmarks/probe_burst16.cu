@@ -44,7 +44,9 @@ template <bool kNested> struct Round {
 
 __host__ __device__ constexpr int row_sum_bytes(int W) { return 2 * W * 1024; }
 
-template <typename T, bool kNested, int W, int NT, bool kImm>
+// kAhead: rounds loaded ahead of the decode (2: three register buffers, 1: two); kAsyncX: x staged by cp.async (all
+// of a thread's pieces in flight at once) instead of through registers eight at a time
+template <typename T, bool kNested, int W, int NT, bool kImm, int kAhead, bool kAsyncX>
 __device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_l, float nested_l, float offset) {
   constexpr int kRows = 8 * NT;  // x rows per pass
   float* nested_code = reinterpret_cast<float*>(smem + kTable);
@@ -178,11 +180,13 @@ __device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_
   for (; m0 < M; m0 += kRows) {
     Round<kNested> b0, b1, b2;
     int tile = blockIdx.x, q = warp;  // decode cursor
-    int tl_ld = tile, q_ld = q;       // load cursor, two rounds ahead after the prologue
+    int tl_ld = tile, q_ld = q;       // load cursor, kAhead rounds ahead after the prologue
     load(b0, tl_ld, q_ld);
     advance(tl_ld, q_ld);
-    load(b1, tl_ld, q_ld);
-    advance(tl_ld, q_ld);
+    if constexpr (kAhead == 2) {
+      load(b1, tl_ld, q_ld);
+      advance(tl_ld, q_ld);
+    }
     {  // set-up while the first rounds fly: table and nested codes (first pass), x rows m0.. (zeros past M)
       if (first) {
         build_pair_table_from<T>(reinterpret_cast<uint32_t*>(smem), code_l, 32 * W);
@@ -190,7 +194,17 @@ __device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_
       }
       const int per_row = K / 8, total = kRows * per_row;  // 16-byte pieces; eight loads in flight per thread
       const uint4* xg = reinterpret_cast<const uint4*>(p.x);
-      for (int i0 = threadIdx.x; i0 < total; i0 += 8 * 32 * W) {
+      if constexpr (kAsyncX) {
+        const uint32_t xs_s = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
+        for (int i = threadIdx.x; i < total; i += 32 * W) {
+          const int n = i / per_row, c = i - n * per_row;
+          const bool on = m0 + n < M;
+          cp_async16_if(xs_s + n * xrow + 16 * c, on ? xg + static_cast<long long>(m0 + n) * per_row + c : xg, on);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+      }
+      for (int i0 = kAsyncX ? total : threadIdx.x; i0 < total; i0 += 8 * 32 * W) {
         uint4 v[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -217,31 +231,36 @@ __device__ __forceinline__ void body(const Params& p, uint8_t* smem, float code_
       return tile < tiles;
     };
     if (tile < tiles) {
-      while (step(b0, b2) && step(b1, b0) && step(b2, b1)) {
+      if constexpr (kAhead == 2) {
+        while (step(b0, b2) && step(b1, b0) && step(b2, b1)) {
+        }
+      } else {
+        while (step(b0, b1) && step(b1, b0)) {
+        }
       }
     }
     __syncthreads();  // every warp done with this pass's x before the next pass stages its own
   }
 }
 
-template <typename T, bool kNested, int W, int NT>
+template <typename T, bool kNested, int W, int NT, int kAhead, bool kAsyncX>
 __global__ void __launch_bounds__(32 * W, 1) gemm_burst(const __grid_constant__ Params p) {
   extern __shared__ __align__(16) uint8_t smem[];  // no static shared memory: the table at the window offset 1024
   const float code_l = __ldg(p.code + (threadIdx.x & 15));
   const float nested_l = kNested && threadIdx.x < 256 ? __ldg(p.nested_code + threadIdx.x) : 0.f;
   const float offset = kNested ? __ldg(p.offset) : 0.f;
   if (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) == 1024u) {
-    body<T, kNested, W, NT, true>(p, smem, code_l, nested_l, offset);
+    body<T, kNested, W, NT, true, kAhead, kAsyncX>(p, smem, code_l, nested_l, offset);
   } else {
-    body<T, kNested, W, NT, false>(p, smem, code_l, nested_l, offset);
+    body<T, kNested, W, NT, false, kAhead, kAsyncX>(p, smem, code_l, nested_l, offset);
   }
 }
 
-template <typename T, bool kNested, int W, int NT>
+template <typename T, bool kNested, int W, int NT, int kAhead = 2, bool kAsyncX = false>
 int launch(const Params* p, cudaStream_t st) {
   static_assert(32 * W >= 256 && 32 * W >= 16 * 8 * NT, "nested codes and row sums: one per thread");
   const long long smem = kTable + kNestedBytes + row_sum_bytes(W) + 8LL * NT * (2 * p->K + 16);
-  auto f = gemm_burst<T, kNested, W, NT>;
+  auto f = gemm_burst<T, kNested, W, NT, kAhead, kAsyncX>;
   if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
     return -2;
   int blocks = 0, dev = 0, sms = 0;
@@ -260,13 +279,19 @@ int launch(const Params* p, cudaStream_t st) {
   return static_cast<int>(cudaLaunchKernelExC(&cfg, (const void*)f, args));
 }
 
-// cfg: 0 = 8 warps, NT 2 (16 x rows a pass); 1 = 8 warps, NT 1 (8 rows); 2 = 12 warps, NT 2
+// cfg: 0 = 8 warps, NT 2 (16 x rows a pass); 1 = 8 warps, NT 1 (8 rows); 2 = 12 warps, NT 2; 3 = cfg 0 with x
+// staged by cp.async; 4 = 12 warps, NT 2, one round ahead, cp.async x; 5 = 16 warps, NT 2, one round ahead, cp.async x;
+// 6 = cfg 1 with cp.async x
 template <typename T, bool kNested>
 int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
   switch (cfg) {
     case 0: return launch<T, kNested, 8, 2>(p, st);
     case 1: return launch<T, kNested, 8, 1>(p, st);
     case 2: return launch<T, kNested, 12, 2>(p, st);
+    case 3: return launch<T, kNested, 8, 2, 2, true>(p, st);
+    case 4: return launch<T, kNested, 12, 2, 1, true>(p, st);
+    case 5: return launch<T, kNested, 16, 2, 1, true>(p, st);
+    case 6: return launch<T, kNested, 8, 1, 2, true>(p, st);
   }
   return -1;
 }

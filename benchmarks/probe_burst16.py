@@ -1,7 +1,8 @@
 """The burst GEMM (benchmarks/probe_burst16.cu) at M = 3-32: checks (error against a float64 product within 2x
 cuBLAS's, NaN-poisoned output, odd N and M, blocksizes 64-4096, double quant on / off, fp16 / bf16, bias, several
 passes of x rows), then each build, fastnf4.linear and bf16 cuBLAS in one interleaved graph timing per (weight, M):
-Gemma o at M 4 / 8 / 16 / 32, and at M = 8 the weights whose 8 x rows fit (K <= 9216).
+Gemma o at M 4 / 8 / 16 / 32 and Gemma q at M = 8 (FASTNF4_PROBE_WIDE=1: also Llama q+o, Qwen q / o and Gemma gate+up
+at M = 8, the first run's set); the one-n-tile builds at M <= 8, the two-n-tile ones above.
 usage: python benchmarks/probe_burst16.py [OUT.json]"""
 import ctypes
 import os
@@ -14,12 +15,13 @@ from fastnf4.bench.harness import copy_bandwidth
 from fastnf4.ops.matmul.gemv_mma import Params
 from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
 
-CFGS = {0: "w8 nt2", 1: "w8 nt1", 2: "w12 nt2"}
+CFGS = {0: "w8 nt2", 1: "w8 nt1", 2: "w12 nt2", 3: "w8 nt2 ax", 4: "w12 nt2 a1 ax", 5: "w16 nt2 a1 ax", 6: "w8 nt1 ax"}
+SHAPE = {0: (8, 2), 1: (8, 1), 2: (12, 2), 3: (8, 2), 4: (12, 2), 5: (16, 2), 6: (8, 1)}  # (warps, n-tiles)
 SMEM_MAX = 232448
 
 
 def fits(cfg, k):
-    w, nt = {0: (8, 2), 1: (8, 1), 2: (12, 2)}[cfg]
+    w, nt = SHAPE[cfg]
     return 65536 + 1024 + 2 * w * 1024 + 8 * nt * (2 * k + 16) <= SMEM_MAX
 
 
@@ -71,8 +73,9 @@ def main():
         return
     gbs = copy_bandwidth()["GBps"]
     rows = []
-    plan = {(5376, 4096): (4, 8, 16, 32), (4096, 5376): (4, 8), (8192, 5120): (8,), (8192, 8192): (8,),
-            (21504, 5376): (8,), (5120, 8192): (8,)}
+    plan = {(5376, 4096): (4, 8, 16, 32), (4096, 5376): (8,)}
+    if os.environ.get("FASTNF4_PROBE_WIDE"):  # the first run's M = 8 set
+        plan.update({(8192, 5120): (8,), (8192, 8192): (8,), (21504, 5376): (8,), (5120, 8192): (8,)})
     for model, layer, n, k, w, q in model_weights(8e6):
         if (n, k) not in plan:
             continue
@@ -82,7 +85,7 @@ def main():
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             runs = {"linear": production}
             for cfg, name in CFGS.items():
-                if fits(cfg, k):
+                if fits(cfg, k) and (SHAPE[cfg][1] == 1) == (m <= 8):
                     runs[name] = lambda x, q, y=None, r=launcher(cfg): r(x, q, None, y)
             a = runs[list(runs)[1]](x, q)
             assert torch.equal(a, runs[list(runs)[1]](x, q)), (model, layer, m)
