@@ -76,6 +76,64 @@ def test_uncovered_calls_fall_through_to_bitsandbytes(patched, rng):
     assert torch.equal(bits(got), bits(want))
 
 
+def test_inference_mode_runs_on_fastnf4_at_the_backend_key(patched, rng):
+    """Under torch.inference_mode() (vLLM, TGI) the Autograd keys are skipped; the ops whose bitsandbytes kernel was
+    captured are patched at the CPU key, so the calls still run on fastnf4 (counted, same bits / within the GEMM
+    error), and an uncovered call (M = 1 on CPU: no decode kernel here) reaches bitsandbytes' own kernel."""
+    from fastnf4.integrations.bitsandbytes import patch_mode
+
+    assert {name for (name, dev), key in patch_mode().items() if key == "CPU"} >= {"quantize_4bit", "dequantize_4bit",
+                                                                                 "gemm_4bit", "gemv_4bit"}
+    w = (torch.randn(96, 128, generator=rng) * 0.05).to(torch.bfloat16)
+    x = torch.randn(6, 128, generator=rng).to(torch.bfloat16)
+    x1 = x[:1].clone()
+    fastnf4.unpatch_bitsandbytes()
+    with torch.inference_mode():
+        p0, qs0 = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+        d0 = F.dequantize_4bit(p0, qs0)
+        y1_0 = bnb.matmul_4bit(x1, p0.t(), quant_state=qs0)
+    fastnf4.patch_bitsandbytes(("cpu",))
+    integ.CALLS.clear()
+    with torch.inference_mode():
+        p1, qs1 = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+        d1 = F.dequantize_4bit(p1, qs1)
+        y = bnb.matmul_4bit(x, p1.t(), quant_state=qs1)
+        counted = dict(integ.CALLS)
+        originals = integ._state["originals"]
+        reached = []
+        for name in ("gemv_4bit", "gemm_4bit"):  # (count the calls that reach bitsandbytes' captured kernels)
+            fn = originals[(name, "cpu")]
+            originals[(name, "cpu")] = lambda *a, fn=fn, name=name: reached.append(name) or fn(*a)
+        y1 = bnb.matmul_4bit(x1, p1.t(), quant_state=qs1)  # M = 1: bitsandbytes' captured kernel
+    assert counted.get("quantize_4bit") == 1 and counted.get("dequantize_4bit") == 1 and counted.get("gemm_4bit") == 1
+    # the M = 1 call was not taken (bitsandbytes' kernel ran; its own dequantize calls reach fastnf4's)
+    assert integ.CALLS["gemm_4bit"] == 1 and integ.CALLS["gemv_4bit"] == 0 and len(reached) == 1
+    assert torch.equal(p1, p0) and torch.equal(bits(d1), bits(d0))
+    ref = x.double() @ d0.double().T
+    want = torch.nn.functional.linear(x, d0)
+    assert ((y.double() - ref).norm() / ref.norm()).item() <= 2 * ((want.double() - ref).norm() / ref.norm()).item()
+    assert torch.equal(bits(y1), bits(y1_0))
+
+
+def test_autograd_key_patch_is_skipped_under_inference_mode(rng):
+    """backend_key=False: the Autograd-key patch (the form before session 29) runs under no_grad, not under
+    inference_mode (bitsandbytes' kernel then runs)."""
+    w = torch.randn(32, 64, generator=rng)
+    p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    fastnf4.patch_bitsandbytes(("cpu",), backend_key=False)
+    try:
+        assert set(integ.patch_mode().values()) == {"AutogradCPU"}
+        integ.CALLS.clear()
+        with torch.inference_mode():
+            F.dequantize_4bit(p, qs)
+        assert integ.CALLS["dequantize_4bit"] == 0
+        with torch.no_grad():
+            F.dequantize_4bit(p, qs)
+        assert integ.CALLS["dequantize_4bit"] == 1
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+
+
 def test_unpatch_restores_bitsandbytes(rng):
     fastnf4.patch_bitsandbytes(("cpu",))
     fastnf4.unpatch_bitsandbytes()

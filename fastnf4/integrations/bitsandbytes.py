@@ -25,13 +25,22 @@ bitsandbytes model, batch 1, ``benchmarks/probe_patch.py``) the patched model de
 graphs, prefills 0.96x or less of the time, and decodes eager within 8% of unpatched bitsandbytes (each patched
 call still crosses the dispatcher into Python at the Autograd key: ~42 us of host time against ~36 us).
 
-The patch sits at the ``Autograd<Device>`` keys, which ``torch.inference_mode()`` skips: under inference mode
-bitsandbytes' own kernels run (correct, not faster). transformers' ``generate()`` uses ``torch.no_grad()``.
+Where bitsandbytes' own kernels for a device can be captured (``_capture_kernels``: its backend modules run once more
+with a recording ``register_kernel``, so fastnf4 holds the Python functions bitsandbytes registered), an op is
+patched at the device's backend key (``CUDA`` / ``CPU``) instead, in front of bitsandbytes' registration, and
+uncovered calls go to the captured function. The backend key is reached under ``torch.inference_mode()`` too (vLLM and
+TGI run models that way), where the ``Autograd<Device>`` keys are skipped. Ops whose kernel was not captured keep the
+``Autograd<Device>`` registration (under inference mode bitsandbytes' own kernel then runs: correct, not faster).
+``patch_mode()`` says which key each op took. Removing the patch restores bitsandbytes' registrations (the
+dispatcher keeps them beneath fastnf4's).
 """
 from __future__ import annotations
 
+import importlib.util
+import logging
 import math
 import os
+import warnings
 from collections import Counter
 
 import torch
@@ -40,7 +49,7 @@ from ..ops.matmul import eager  # torch only at import (no Triton, no GPU)
 
 CALLS: Counter = Counter()
 GEMM_MIN_M = 4
-_state: dict = {"lib": None, "devices": ()}
+_state: dict = {"lib": None, "devices": (), "originals": {}, "keys": {}}
 
 
 def _op(name: str):
@@ -50,7 +59,59 @@ def _op(name: str):
 
 
 def _fallback(name, keyset, *args):
+    """bitsandbytes' own kernel for a call fastnf4 does not take: the captured function where the op is patched at
+    the backend key, else a redispatch below the Autograd key."""
+    original = _state["originals"].get((name, args[0].device.type))
+    if original is not None:
+        return original(*args)
     return _op(name).redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+# bitsandbytes' backend modules that register its 4-bit kernels per device, in registration order (a device's own
+# registration wins over the "default" one, as at the dispatcher's backend key over CompositeExplicitAutograd)
+_BACKEND_MODULES = {"cuda": ("bitsandbytes.backends.cuda.ops",),
+                    "cpu": ("bitsandbytes.backends.default.ops", "bitsandbytes.backends.cpu.ops")}
+
+
+def _capture_kernels(device: str) -> dict:
+    """{op name: the Python function bitsandbytes registered for ``device``} for the ops in ``_IMPLS``, captured by
+    running its backend modules once more (fresh module objects; the imported ones and their registrations are left
+    alone) with ``bitsandbytes._ops.register_kernel`` replaced by a recorder. Empty where that fails (another
+    bitsandbytes layout): the patch then stays at the Autograd keys."""
+    if device == "cuda" and not torch.cuda.is_available():
+        return {}  # (its CUDA module is not run where bitsandbytes itself did not load it)
+    try:
+        import bitsandbytes._ops as bops
+    except ImportError:
+        return {}
+    found: dict = {}
+
+    def record(op, device_types=None, func=None, **_):
+        types = (device_types,) if isinstance(device_types, str) else tuple(device_types or ())
+
+        def keep(f):
+            name = str(op).split("::")[-1]
+            if name in _IMPLS and (device in types or ("default" in types and name not in found)):
+                found[name] = f
+            return f
+        return keep(func) if func is not None else keep
+
+    saved = bops.register_kernel
+    level = logging.root.manager.disable
+    bops.register_kernel = record
+    logging.disable(logging.WARNING)  # (the modules' import-time warnings were already given once)
+    try:
+        for name in _BACKEND_MODULES.get(device, ()):
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return {}
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    except Exception:  # noqa: BLE001  (any failure: no capture, the Autograd-key patch)
+        return {}
+    finally:
+        bops.register_kernel = saved
+        logging.disable(level)
+    return found
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -268,21 +329,32 @@ def _has_op(name: str) -> bool:
     return True
 
 
-def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",)) -> list[str]:
+def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",), backend_key: bool = True) -> list[str]:
     """Route bitsandbytes' 4-bit ops on ``device_types`` to fastnf4; returns the op names taken over.
-    Calling it again replaces the previous patch."""
+    ``backend_key``: patch at the device's backend key where bitsandbytes' kernel was captured (see the module
+    docstring; reached under ``torch.inference_mode()`` too), else at its Autograd key. Calling it again replaces the
+    previous patch."""
     import bitsandbytes  # noqa: F401  (defines the ops; inside bitsandbytes' own import this is a no-op)
 
     unpatch_bitsandbytes()
     lib = torch.library.Library("bitsandbytes", "FRAGMENT")
-    taken = []
-    for name, fn in _IMPLS.items():
-        if not _has_op(name):
-            continue
-        for dev in device_types:
-            lib.impl(name, fn, "Autograd" + {"cuda": "CUDA", "cpu": "CPU"}[dev], with_keyset=True)
-        taken.append(name)
-    _state.update(lib=lib, devices=tuple(device_types))
+    taken, originals, keys = [], {}, {}
+    for dev in device_types:
+        backend = {"cuda": "CUDA", "cpu": "CPU"}[dev]
+        captured = _capture_kernels(dev) if backend_key else {}
+        for name, fn in _IMPLS.items():
+            if not _has_op(name):
+                continue
+            key = backend if name in captured else "Autograd" + backend
+            with warnings.catch_warnings():  # ("overriding a previously registered kernel": bitsandbytes' stays beneath)
+                warnings.simplefilter("ignore")
+                lib.impl(name, fn, key, with_keyset=True)
+            if name in captured:
+                originals[(name, dev)] = captured[name]
+            keys[(name, dev)] = key
+            if name not in taken:
+                taken.append(name)
+    _state.update(lib=lib, devices=tuple(device_types), originals=originals, keys=keys)
     return taken
 
 
@@ -291,11 +363,16 @@ def unpatch_bitsandbytes() -> None:
     lib = _state["lib"]
     if lib is not None:
         lib._destroy()
-    _state.update(lib=None, devices=())
+    _state.update(lib=None, devices=(), originals={}, keys={})
 
 
 def is_patched() -> bool:
     return _state["lib"] is not None
+
+
+def patch_mode() -> dict:
+    """{(op name, device type): the dispatch key fastnf4's implementation sits at} of the current patch."""
+    return dict(_state["keys"])
 
 
 def autopatch() -> None:
@@ -305,8 +382,6 @@ def autopatch() -> None:
     try:
         patch_bitsandbytes(("cuda",))
     except Exception as e:  # never break ``import bitsandbytes``: its own kernels stay in place
-        import warnings
-
         unpatch_bitsandbytes()
         warnings.warn(f"fastnf4 could not patch bitsandbytes ({type(e).__name__}: {e}); bitsandbytes' own kernels "
                       "stay in use", RuntimeWarning, stacklevel=2)

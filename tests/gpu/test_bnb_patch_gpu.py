@@ -38,6 +38,45 @@ def test_transformers_bnb_model_runs_on_fastnf4(tiny_llama_checkpoint, bnb_load)
     assert (logits1.argmax(-1) == logits0.argmax(-1)).float().mean() > 0.95
 
 
+def test_inference_mode_model_runs_on_fastnf4(tiny_llama_checkpoint, bnb_load):
+    """Under torch.inference_mode() (as vLLM and TGI run models) the patch sits at the CUDA key (bitsandbytes' CUDA
+    kernels captured): the 4-bit calls of prefill (M = 48) and of a decode step (M = 2) run on fastnf4, with logits
+    within GEMM rounding of unpatched bitsandbytes under the same mode; an uncovered call (float16 absmax) reaches
+    bitsandbytes' own kernel with its bits."""
+    ids = torch.randint(0, 1000, (2, 24), device="cuda")
+    fastnf4.unpatch_bitsandbytes()
+    plain = bnb_load(tiny_llama_checkpoint)
+    with torch.inference_mode():
+        logits0 = plain(ids).logits.float()
+        step0 = plain(ids[:, :1]).logits.float()
+    fastnf4.patch_bitsandbytes(("cuda",))
+    try:
+        assert {name for (name, dev), key in integ.patch_mode().items() if key == "CUDA"} >= {
+            "quantize_4bit", "dequantize_4bit", "dequantize_4bit.out", "gemm_4bit", "gemv_4bit"}
+        integ.CALLS.clear()
+        with torch.inference_mode():
+            logits1 = plain(ids).logits.float()
+            step1 = plain(ids[:, :1]).logits.float()
+        calls = dict(integ.CALLS)
+        import bitsandbytes.functional as F
+
+        w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+        p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
+        integ.CALLS.clear()
+        with torch.inference_mode():
+            got = torch.ops.bitsandbytes.dequantize_4bit(p, qs.absmax.half(), 64, "nf4", [64, 256], torch.bfloat16)
+        assert integ.CALLS["dequantize_4bit"] == 0
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+    with torch.inference_mode():
+        want = torch.ops.bitsandbytes.dequantize_4bit(p, qs.absmax.half(), 64, "nf4", [64, 256], torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert calls.get("gemm_4bit", 0) >= 28, calls  # 14 linears x (prefill + step)
+    for a, b in ((logits1, logits0), (step1, step0)):
+        rel = ((a - b).norm() / b.norm()).item()
+        assert rel < 2e-2, rel
+
+
 @pytest.mark.parametrize("m", [1, 2, 3])
 @pytest.mark.parametrize("nested", [False, True])
 def test_decode_sizes_take_the_decode_kernel(m, nested):
