@@ -346,8 +346,14 @@ def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",), backend_key: b
             if not _has_op(name):
                 continue
             key = backend if name in captured else "Autograd" + backend
-            with warnings.catch_warnings():  # ("overriding a previously registered kernel": bitsandbytes' stays beneath)
-                warnings.simplefilter("ignore")
+            if name in captured:
+                # Library.impl refuses a second Python kernel at a key before torch 2.13 (its allow_override); the
+                # dispatcher itself keeps bitsandbytes' registration beneath fastnf4's and restores it when the
+                # library is destroyed, so the registration goes to the library's dispatcher handle directly
+                with warnings.catch_warnings():  # ("overriding a previously registered kernel")
+                    warnings.simplefilter("ignore")
+                    lib.m.impl(name, key, fn, True)
+            else:
                 lib.impl(name, fn, key, with_keyset=True)
             if name in captured:
                 originals[(name, dev)] = captured[name]
