@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = [("fastnf4", "fastnf4 NF4", "tab:red"), ("bnb", "bitsandbytes NF4", "tab:blue"),
+            ("bnb+fastnf4", "bitsandbytes NF4, fastnf4 patch", "tab:purple"),
             ("bf16", "bf16", "tab:gray")]
 MODES = [("graph", "-", "CUDA graph"), ("eager", "--", "eager")]
 

@@ -97,7 +97,8 @@ def matmul_targets(d):
 
 
 NAMES = {"llama-3.3-70b": "Llama-3.3-70B", "qwen3-32b": "Qwen3-32B", "gemma-3-27b": "Gemma-3-27B"}
-VARIANTS = {"bf16": "bf16", "bnb": "bitsandbytes NF4", "fastnf4": "fastnf4 NF4"}
+VARIANTS = {"bf16": "bf16", "bnb": "bitsandbytes NF4", "bnb+fastnf4": "bitsandbytes NF4, fastnf4 patch",
+            "fastnf4": "fastnf4 NF4"}
 
 
 def e2e(d):
@@ -111,7 +112,7 @@ def e2e(d):
               "b32 eager | b32 graph | 4-bit share (b1 graph) |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         e2e.header = True
-    for variant in ("bf16", "bnb", "fastnf4"):
+    for variant in ("bf16", "bnb", "bnb+fastnf4", "fastnf4"):
         rs = {(r["batch"], r["mode"]): r for r in rows if r["variant"] == variant}
         if not rs:
             continue

@@ -1,5 +1,8 @@
-"""``fastnf4 bench e2e``: decode speed of a real architecture in bf16, bitsandbytes NF4 and fastnf4 NF4,
-eager and captured in a CUDA graph, in one process, at full depth (Llama-3.3-70B included) on one H200.
+"""``fastnf4 bench e2e``: decode speed of a real architecture in bf16, bitsandbytes NF4, fastnf4 NF4 and the
+bitsandbytes model with fastnf4's patch ("bnb+fastnf4": unmodified bitsandbytes layers, the bitsandbytes ops routed to
+fastnf4 by ``integrations.bitsandbytes.patch_bitsandbytes``; rows measured under inference mode, which the patch
+reaches since session 29), eager and captured in a CUDA graph, in one process, at full depth (Llama-3.3-70B
+included) on one H200.
 
 The model is built from its configuration (``bench/models.json``, random weights, no hub access), cut to
 ``--e2e-layers`` layers when asked, by ``study.e2e.build_model``: the skeleton is made on the ``meta`` device
@@ -30,7 +33,12 @@ from fastnf4.bench.registry import register
 def _make(name: str, layers: int | None, variant: str):
     from fastnf4.study.e2e import REPLACERS, build_config, build_model
 
-    return build_model(build_config(name, layers), REPLACERS[variant], "cuda", desc=f"{name} {variant}")
+    return build_model(build_config(name, layers), REPLACERS[_layers_of(variant)], "cuda", desc=f"{name} {variant}")
+
+
+def _layers_of(variant: str) -> str:
+    """The layers a variant's model is built with: "bnb+fastnf4" is the bitsandbytes model."""
+    return "bnb" if variant == "bnb+fastnf4" else variant
 
 
 def _free_memory() -> int:
@@ -147,13 +155,16 @@ def run(opts) -> dict:
     names = opts.models or ["qwen3-32b"]
     layers = opts.e2e_layers or None
     batches = tuple(getattr(opts, "batches", None) or (1, 8, 32))
-    variants = ["fastnf4"] + (["bnb"] if bnb_version() else []) + ["bf16"]
+    variants = ["fastnf4"] + (["bnb", "bnb+fastnf4"] if bnb_version() else []) + ["bf16"]
     gib = 2**30
     rows = []
     for name in names:
         cfg = build_config(name, layers)
         depth = cfg.num_hidden_layers
+        kept = None  # the bitsandbytes model (and its memory figures), measured again patched as "bnb+fastnf4"
         for variant in progress(variants, desc=f"e2e {name}"):
+            if variant == "bnb+fastnf4" and kept is None:
+                continue  # (no bitsandbytes model was built)
             free = _free_memory()
             if variant == "bf16":  # decided from the estimate, before allocating anything
                 note = bf16_skip_note(cfg, max(batches), opts.prompt, opts.steps, free)
@@ -162,18 +173,26 @@ def run(opts) -> dict:
                     continue
             torch.cuda.reset_peak_memory_stats()
             model = None
-            try:
-                model = build_model(cfg, REPLACERS[variant], "cuda", desc=f"{name} {variant}")
-            except torch.cuda.OutOfMemoryError:  # not expected (NF4 fits, bf16 was estimated): reported, not fatal
-                pass
-            if model is None:
-                rows.append(dict(model=name, layers=depth, variant=variant,
-                                 note=f"out of memory while building (free before: {free / gib:.1f} GiB)"))
+            if variant == "bnb+fastnf4":
+                model, build_peak, weights = kept
+                kept = None
+            else:
+                try:
+                    model = build_model(cfg, REPLACERS[_layers_of(variant)], "cuda", desc=f"{name} {variant}")
+                except torch.cuda.OutOfMemoryError:  # not expected (NF4 fits, bf16 was estimated): reported
+                    pass
+                if model is None:
+                    rows.append(dict(model=name, layers=depth, variant=variant,
+                                     note=f"out of memory while building (free before: {free / gib:.1f} GiB)"))
+                    _free_memory()
+                    continue
+                build_peak = torch.cuda.max_memory_allocated() / gib
                 _free_memory()
-                continue
-            build_peak = torch.cuda.max_memory_allocated() / gib
-            _free_memory()
-            weights = torch.cuda.memory_allocated() / gib
+                weights = torch.cuda.memory_allocated() / gib
+            if variant == "bnb+fastnf4":  # bitsandbytes' ops on fastnf4 kernels for this variant's rows only
+                from fastnf4.integrations.bitsandbytes import patch_bitsandbytes
+
+                patch_bitsandbytes(("cuda",))
             # every eager measurement before any graph replay is profiled: a profiler session was seen to slow
             # later eager fastnf4 steps by ~20% (benchmarks/probe_eager.py)
             for graph in (False, True):
@@ -187,6 +206,12 @@ def run(opts) -> dict:
                         row["note"] = f"{type(e).__name__}: {str(e)[:120]}"
                     row["decode_peak_gib"] = torch.cuda.max_memory_allocated() / gib
                     rows.append(row)
+            if variant == "bnb+fastnf4":
+                from fastnf4.integrations.bitsandbytes import unpatch_bitsandbytes
+
+                unpatch_bitsandbytes()
+            if variant == "bnb" and "bnb+fastnf4" in variants:
+                kept = (model, build_peak, weights)
             del model
             _free_memory()
     base = {(r["model"], r.get("batch"), r.get("mode")): r.get("tok_per_s") for r in rows if r["variant"] == "bnb"}
