@@ -1,10 +1,11 @@
 """Run bitsandbytes' 4-bit ops on fastnf4 kernels, with no change to the code that calls them.
 
-``patch_bitsandbytes()`` registers, for each bitsandbytes op fastnf4 covers, an implementation at the
-``Autograd<Device>`` dispatch key, which sits in front of bitsandbytes' own device kernels. It handles the
-calls fastnf4's kernels cover (and that are faster there) and hands every other call on to bitsandbytes'
-original kernel through a redispatch below that key, so nothing becomes an error. ``unpatch_bitsandbytes()``
-removes the registrations. Calls routed to fastnf4 are counted in ``CALLS`` (tests use it).
+``patch_bitsandbytes()`` registers, for each bitsandbytes op fastnf4 covers, an implementation in front of
+bitsandbytes' own device kernel: at the device's backend key where that kernel could be captured (below), else at the
+``Autograd<Device>`` key. It handles the calls fastnf4's kernels cover (and that are faster there) and hands every
+other call on to bitsandbytes' original kernel (the captured function, or a redispatch below the Autograd key), so
+nothing becomes an error. ``unpatch_bitsandbytes()`` removes the registrations. Calls routed to fastnf4 are counted
+in ``CALLS`` (tests use it).
 
 Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
 
@@ -23,7 +24,8 @@ the full Python path (eager ``generate()`` of a 64-layer Qwen3-32B got 1.5x slow
 h200-paper.md); patched calls now reuse prepared launches (``_PREPARED``), and on the H200 (a 16-layer Qwen3-32B
 bitsandbytes model, batch 1, ``benchmarks/probe_patch.py``) the patched model decodes 1.18x faster with CUDA
 graphs, prefills 0.96x or less of the time, and decodes eager within 8% of unpatched bitsandbytes (each patched
-call still crosses the dispatcher into Python at the Autograd key: ~42 us of host time against ~36 us).
+call still crosses the dispatcher into Python: ~42 us of host time against ~36 us; session 29, at the backend key:
+graph step 1.47x, ~38 against ~34 us, results/h200-probe-patch-*.json).
 
 Where bitsandbytes' own kernels for a device can be captured (``_capture_kernels``: its backend modules run once more
 with a recording ``register_kernel``, so fastnf4 holds the Python functions bitsandbytes registered), an op is
