@@ -10,8 +10,8 @@ import torch
 import fastnf4
 from fastnf4 import _cuda
 from fastnf4.bench.harness import copy_bandwidth, time_graphs
-from fastnf4.ops.matmul.gemv_mma import Params
-from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
+from probe_weights import (check_and_time, error_ratio, model_weights, probe_launcher, production, rotated,
+                           write_rows)
 
 # probe_burst.cu's launch_cfg: 0-8 gemv_burst (5-8 diagnostics), 30-36 gemv_burst_r (34-36 over clusters; K % 256 == 0);
 # the committed results name theirs (some from forms since removed: see probe_burst.cu)
@@ -22,28 +22,7 @@ DIAG = {7: "weights only w8 u4"}
 def main():
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_burst.cu")
     lib = ctypes.CDLL(_cuda.compile_source(src, _cuda.device_arch(0), out_dir="/tmp/probe_burst"))
-    lib.probe_burst.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    lib.probe_burst.restype = ctypes.c_int
-
-    def launcher(cfg):
-        def run(x, q, b=None, y=None):
-            m, k = x.shape
-            n = q.shape[0]
-            if y is None:
-                y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-            nested = q.nested_absmax is not None
-            p = Params(packed=q.packed.data_ptr(), absmax=q.absmax.data_ptr(),
-                       nested_code=q.nested_code.data_ptr() if nested else None,
-                       nested_absmax=q.nested_absmax.data_ptr() if nested else None,
-                       offset=q.offset.data_ptr() if nested else None, x=x.data_ptr(),
-                       bias=b.data_ptr() if b is not None else None, y=y.data_ptr(), M=m, N=n, K=k,
-                       blocksize=q.blocksize, splits=1, slices_per_split=k // 128, code=q.code.data_ptr())
-            rc = lib.probe_burst(ctypes.byref(p), 0 if x.dtype == torch.bfloat16 else 1, int(nested), cfg,
-                                 torch.cuda.current_stream().cuda_stream)
-            if rc != 0:
-                raise RuntimeError(f"probe_burst cfg {cfg}: error {rc}")
-            return y
-        return run
+    launcher = probe_launcher(lib.probe_burst, "probe_burst")
 
     fails = 0
     for cfg in CFGS:

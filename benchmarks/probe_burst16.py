@@ -12,8 +12,8 @@ import torch
 import fastnf4
 from fastnf4 import _cuda
 from fastnf4.bench.harness import copy_bandwidth
-from fastnf4.ops.matmul.gemv_mma import Params
-from probe_weights import check_and_time, error_ratio, model_weights, production, rotated, write_rows
+from probe_weights import (check_and_time, error_ratio, model_weights, probe_launcher, production, rotated,
+                           write_rows)
 
 CFGS = {0: "w8 nt2", 1: "w8 nt1", 2: "w12 nt2", 3: "w8 nt2 ax", 4: "w12 nt2 a1 ax", 5: "w16 nt2 a1 ax", 6: "w8 nt1 ax"}
 SHAPE = {0: (8, 2), 1: (8, 1), 2: (12, 2), 3: (8, 2), 4: (12, 2), 5: (16, 2), 6: (8, 1)}  # (warps, n-tiles)
@@ -28,28 +28,7 @@ def fits(cfg, k):
 def main():
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_burst16.cu")
     lib = ctypes.CDLL(_cuda.compile_source(src, _cuda.device_arch(0)))  # (FASTNF4_CACHE: a prebuilt library)
-    lib.probe_burst16.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    lib.probe_burst16.restype = ctypes.c_int
-
-    def launcher(cfg):
-        def run(x, q, b=None, y=None):
-            m, k = x.shape
-            n = q.shape[0]
-            if y is None:
-                y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-            nested = q.nested_absmax is not None
-            p = Params(packed=q.packed.data_ptr(), absmax=q.absmax.data_ptr(),
-                       nested_code=q.nested_code.data_ptr() if nested else None,
-                       nested_absmax=q.nested_absmax.data_ptr() if nested else None,
-                       offset=q.offset.data_ptr() if nested else None, x=x.data_ptr(),
-                       bias=b.data_ptr() if b is not None else None, y=y.data_ptr(), M=m, N=n, K=k,
-                       blocksize=q.blocksize, splits=1, slices_per_split=k // 128, code=q.code.data_ptr())
-            rc = lib.probe_burst16(ctypes.byref(p), 0 if x.dtype == torch.bfloat16 else 1, int(nested), cfg,
-                                   torch.cuda.current_stream().cuda_stream)
-            if rc != 0:
-                raise RuntimeError(f"probe_burst16 cfg {cfg}: error {rc}")
-            return y
-        return run
+    launcher = probe_launcher(lib.probe_burst16, "probe_burst16")
 
     fails = 0
     for cfg in CFGS:

@@ -31,6 +31,39 @@ def rotated(w, q):
             [q] + [clone_weight(q) for _ in range(rotation_count(q.nbytes()) - 1)])
 
 
+def probe_launcher(fn, what: str):
+    """``launcher(cfg)`` -> run(x, q, b=None, y=None) for a probe library's entry ``fn(Params*, dtype, nested, cfg,
+    stream)`` (probe_burst.cu, probe_burst16.cu): the weight's tensors and x / bias / y in gemv_mma's Params, y
+    allocated when not given; a nonzero return raises, naming ``what`` and the cfg."""
+    import ctypes
+
+    from fastnf4.ops.matmul.gemv_mma import Params
+
+    fn.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+
+    def launcher(cfg):
+        def run(x, q, b=None, y=None):
+            m, k = x.shape
+            n = q.shape[0]
+            if y is None:
+                y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+            nested = q.nested_absmax is not None
+            p = Params(packed=q.packed.data_ptr(), absmax=q.absmax.data_ptr(),
+                       nested_code=q.nested_code.data_ptr() if nested else None,
+                       nested_absmax=q.nested_absmax.data_ptr() if nested else None,
+                       offset=q.offset.data_ptr() if nested else None, x=x.data_ptr(),
+                       bias=b.data_ptr() if b is not None else None, y=y.data_ptr(), M=m, N=n, K=k,
+                       blocksize=q.blocksize, splits=1, slices_per_split=k // 128, code=q.code.data_ptr())
+            rc = fn(ctypes.byref(p), 0 if x.dtype == torch.bfloat16 else 1, int(nested), cfg,
+                    torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"{what} cfg {cfg}: error {rc}")
+            return y
+        return run
+    return launcher
+
+
 def production(x, q, y=None):
     """fastnf4.linear (the dispatcher's own pick), into ``y`` when given."""
     out = fastnf4.linear(x, q)

@@ -21,6 +21,21 @@ from fastnf4.ops.matmul import dispatch, gemv_mma
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def _repeatable_under_graphs(x, q):
+    """fastnf4.linear(x, q): the same bits on a second call and from a captured graph's replay (its output poisoned
+    with NaN first); returns the first call's output."""
+    y = fastnf4.linear(x, q)
+    assert torch.equal(y, fastnf4.linear(x, q))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = fastnf4.linear(x, q)
+    yg.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yg, y)
+    return y
+
+
 def _model(q, x, bias):
     """float64 y of the kernels' arithmetic: dtype-rounded code values times float32 absmax."""
     n, k = q.shape
@@ -89,15 +104,7 @@ def test_dispatch_graph_capture_and_split_k_determinism():
     x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
     n, k = q.shape
     assert gemv_mma.plan(1, n, k, 132 * 16)[0] > 1  # this shape takes split-K
-    y = fastnf4.linear(x, q)
-    assert torch.equal(y, fastnf4.linear(x, q))  # fixed-order split-K sums: bitwise repeatable
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        yg = fastnf4.linear(x, q)
-    yg.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(yg, y)
+    y = _repeatable_under_graphs(x, q)  # fixed-order split-K sums: bitwise repeatable
     ref = x.double() @ fastnf4.dequantize(q).double().T
     assert _rel(y, ref) < 1e-2
 
@@ -457,15 +464,7 @@ def test_burst_kernel_many_tiles_per_block_and_the_dispatch():
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         assert gemv_mma.burst_wanted(m, 5376, 4096, q.blocksize)
         assert gemv_mma.Prepared(x, *linear_args(q)).v == gemv_mma.BURST
-        y = fastnf4.linear(x, q)
-        assert torch.equal(y, fastnf4.linear(x, q))
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            yg = fastnf4.linear(x, q)
-        yg.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(yg, y)
+        y = _repeatable_under_graphs(x, q)
         ref = x.double() @ wd.double().T
         assert _rel(y, ref) <= 2 * _rel(x @ wd.T, ref)
 
