@@ -38,6 +38,7 @@ dispatcher keeps them beneath fastnf4's).
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -75,6 +76,7 @@ _BACKEND_MODULES = {"cuda": ("bitsandbytes.backends.cuda.ops",),
                     "cpu": ("bitsandbytes.backends.default.ops", "bitsandbytes.backends.cpu.ops")}
 
 
+@functools.cache  # (the modules' registrations do not change within a process: run them once per device)
 def _capture_kernels(device: str) -> dict:
     """{op name: the Python function bitsandbytes registered for ``device``} for the ops in ``_IMPLS``, captured by
     running its backend modules once more (fresh module objects; the imported ones and their registrations are left
@@ -343,7 +345,7 @@ def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",), backend_key: b
     taken, originals, keys = [], {}, {}
     for dev in device_types:
         backend = {"cuda": "CUDA", "cpu": "CPU"}[dev]
-        captured = _capture_kernels(dev) if backend_key else {}
+        captured = dict(_capture_kernels(dev)) if backend_key else {}
         for name, fn in _IMPLS.items():
             if not _has_op(name):
                 continue
