@@ -79,11 +79,13 @@ def test_uncovered_calls_fall_through_to_bitsandbytes(patched, rng):
 def test_inference_mode_runs_on_fastnf4_at_the_backend_key(patched, rng):
     """Under torch.inference_mode() (vLLM, TGI) the Autograd keys are skipped; the ops whose bitsandbytes kernel was
     captured are patched at the CPU key, so the calls still run on fastnf4 (counted, same bits / within the GEMM
-    error), and an uncovered call (M = 1 on CPU: no decode kernel here) reaches bitsandbytes' own kernel."""
+    error), and an uncovered call (M = 1 on CPU: no decode kernel here) reaches bitsandbytes' own kernel (captured).
+    (bitsandbytes 0.48 / 0.49 have no gemm_4bit op: their matmul_4bit dequantizes, then multiplies.)"""
     from fastnf4.integrations.bitsandbytes import patch_mode
 
-    assert {name for (name, dev), key in patch_mode().items() if key == "CPU"} >= {"quantize_4bit", "dequantize_4bit",
-                                                                                 "gemm_4bit", "gemv_4bit"}
+    has_gemm = hasattr(torch.ops.bitsandbytes, "gemm_4bit")
+    at_cpu = {name for (name, dev), key in patch_mode().items() if key == "CPU"}
+    assert at_cpu >= {"quantize_4bit", "dequantize_4bit", "gemv_4bit"} | ({"gemm_4bit"} if has_gemm else set())
     w = (torch.randn(96, 128, generator=rng) * 0.05).to(torch.bfloat16)
     x = torch.randn(6, 128, generator=rng).to(torch.bfloat16)
     x1 = x[:1].clone()
@@ -102,17 +104,27 @@ def test_inference_mode_runs_on_fastnf4_at_the_backend_key(patched, rng):
         originals = integ._state["originals"]
         reached = []
         for name in ("gemv_4bit", "gemm_4bit"):  # (count the calls that reach bitsandbytes' captured kernels)
-            fn = originals[(name, "cpu")]
-            originals[(name, "cpu")] = lambda *a, fn=fn, name=name: reached.append(name) or fn(*a)
+            if (name, "cpu") in originals:
+                fn = originals[(name, "cpu")]
+                originals[(name, "cpu")] = lambda *a, fn=fn, name=name: reached.append(name) or fn(*a)
         y1 = bnb.matmul_4bit(x1, p1.t(), quant_state=qs1)  # M = 1: bitsandbytes' captured kernel
-    assert counted.get("quantize_4bit") == 1 and counted.get("dequantize_4bit") == 1 and counted.get("gemm_4bit") == 1
-    # the M = 1 call was not taken (bitsandbytes' kernel ran; its own dequantize calls reach fastnf4's)
-    assert integ.CALLS["gemm_4bit"] == 1 and integ.CALLS["gemv_4bit"] == 0 and len(reached) == 1
-    assert torch.equal(p1, p0) and torch.equal(bits(d1), bits(d0))
+    assert counted.get("quantize_4bit") == 1
+    if has_gemm:
+        assert counted.get("dequantize_4bit") == 1 and counted.get("gemm_4bit") == 1
+        # the M = 1 call was not taken (bitsandbytes' kernel ran; its own dequantize calls reach fastnf4's)
+        assert integ.CALLS["gemm_4bit"] == 1 and integ.CALLS["gemv_4bit"] == 0 and len(reached) == 1
+    else:  # (their CPU matmul_4bit at M = 1 may dequantize instead of calling gemv_4bit: no count asserted)
+        assert counted.get("dequantize_4bit") == 2  # (F.dequantize_4bit and matmul_4bit's own)
+        assert integ.CALLS["gemv_4bit"] == 0
+    assert torch.equal(p1, p0)
+    if has_gemm:  # bitsandbytes 0.50's CPU kernels round as its CUDA ones, which fastnf4 matches bit for bit
+        assert torch.equal(bits(d1), bits(d0)) and torch.equal(bits(y1), bits(y1_0))
+    else:  # (0.48 / 0.49's CPU dequantize rounds some values otherwise: within one bf16 step)
+        assert ((d1.float() - d0.float()).abs() <= 2.0 ** -7 * d0.float().abs()).all()
+        assert ((y1.float() - y1_0.float()).abs() <= 2.0 ** -6 * y1_0.float().abs().max()).all()
     ref = x.double() @ d0.double().T
     want = torch.nn.functional.linear(x, d0)
     assert ((y.double() - ref).norm() / ref.norm()).item() <= 2 * ((want.double() - ref).norm() / ref.norm()).item()
-    assert torch.equal(bits(y1), bits(y1_0))
 
 
 def test_autograd_key_patch_is_skipped_under_inference_mode(rng):
