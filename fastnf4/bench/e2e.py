@@ -150,6 +150,7 @@ def bf16_skip_note(cfg, batch: int, prompt: int, steps: int, free: int) -> str |
 @register("e2e")
 def run(opts) -> dict:
     from fastnf4.bench.harness import bnb_version
+    from fastnf4.integrations import bitsandbytes as integ
     from fastnf4.study.e2e import REPLACERS, build_config, build_model
 
     names = opts.models or ["qwen3-32b"]
@@ -190,26 +191,24 @@ def run(opts) -> dict:
                 _free_memory()
                 weights = torch.cuda.memory_allocated() / gib
             if variant == "bnb+fastnf4":  # bitsandbytes' ops on fastnf4 kernels for this variant's rows only
-                from fastnf4.integrations.bitsandbytes import patch_bitsandbytes
-
-                patch_bitsandbytes(("cuda",))
-            # every eager measurement before any graph replay is profiled: a profiler session was seen to slow
-            # later eager fastnf4 steps by ~20% (benchmarks/probe_eager.py)
-            for graph in (False, True):
-                for batch in batches:
-                    row = dict(model=name, layers=depth, variant=variant, batch=batch,
-                               mode="graph" if graph else "eager", weights_gib=weights, build_peak_gib=build_peak)
-                    torch.cuda.reset_peak_memory_stats()
-                    try:
-                        row.update(decode_speed(model, batch, opts.prompt, opts.steps, graph, top=8))
-                    except Exception as e:  # a variant that cannot be captured is reported, not fatal
-                        row["note"] = f"{type(e).__name__}: {str(e)[:120]}"
-                    row["decode_peak_gib"] = torch.cuda.max_memory_allocated() / gib
-                    rows.append(row)
-            if variant == "bnb+fastnf4":
-                from fastnf4.integrations.bitsandbytes import unpatch_bitsandbytes
-
-                unpatch_bitsandbytes()
+                integ.patch_bitsandbytes(("cuda",))
+            try:
+                # every eager measurement before any graph replay is profiled: a profiler session was seen to slow
+                # later eager fastnf4 steps by ~20% (benchmarks/probe_eager.py)
+                for graph in (False, True):
+                    for batch in batches:
+                        row = dict(model=name, layers=depth, variant=variant, batch=batch,
+                                   mode="graph" if graph else "eager", weights_gib=weights, build_peak_gib=build_peak)
+                        torch.cuda.reset_peak_memory_stats()
+                        try:
+                            row.update(decode_speed(model, batch, opts.prompt, opts.steps, graph, top=8))
+                        except Exception as e:  # a variant that cannot be captured is reported, not fatal
+                            row["note"] = f"{type(e).__name__}: {str(e)[:120]}"
+                        row["decode_peak_gib"] = torch.cuda.max_memory_allocated() / gib
+                        rows.append(row)
+            finally:
+                if variant == "bnb+fastnf4":
+                    integ.unpatch_bitsandbytes()
             if variant == "bnb" and "bnb+fastnf4" in variants:
                 kept = (model, build_peak, weights)
             del model
