@@ -3,13 +3,14 @@
 // weight's bytes in this shape costs ~3 us per call more than the bytes at the copy rate (Gemma o 5.6 us, floor 2.7),
 // well under fastnf4.linear (10.3). The question was whether the production decode kernel's structure is what costs
 // the rest. H200 (probe_burst.py), forms measured:
-//   gemv_burst: one block per 16-row tile over all of K (with diagnostic builds: weights only, no statistics, ...);
+//   gemv_burst (here): one block per 16-row tile over all of K (with diagnostic builds: weights only, no statistics);
 //   gemv_burst_r: persistent, trimmed per-slice work, loads two rounds ahead; kC > 1: over thread block clusters.
 // All correct; the best is ahead of fastnf4.linear on the 11 MB Gemma q / o only (8.2-8.4 vs 8.9 / 10.3 us), level
-// on the mid weights and behind on Llama (K = 8192): the decode and the lack of split-K balance, not the reads, cost
-// the difference. Not in the package. Two intermediate forms (gemv_burst_p: persistent, two buffers of U slices;
-// gemv_burst_q: gemv_burst_r with one round ahead) are in the git history (375c90b), their results in
-// results/h200-probe-burst-persistent.json and -q.json.
+// on the mid weights and behind on Llama (K = 8192). gemv_burst_r with 4 warps x 3 blocks per SM went into the package
+// (gemv_mma.cu variant 9, gemv_burst, session 29); probe_burst.py times that one. gemv_burst_r's other builds (8 / 16
+// warps, clusters) and two intermediate forms (gemv_burst_p: persistent, two buffers of U slices; gemv_burst_q:
+// gemv_burst_r with one round ahead) are in the git history (9f74bbb and 375c90b), their results in
+// results/h200-probe-burst-{r,c,persistent,q}.json.
 //
 // Fragment layout as gemv_mma.cu's decode kernel: warp w of the block takes the 128-code slices s = w, w + W, ... of
 // its tile; lane (g, t) holds 16 bytes (chunk t of the slice) of rows g and g + 8; mma step i takes codes 4i..4i+3 of
@@ -24,28 +25,14 @@ namespace fastnf4_burst {
 using namespace fastnf4_mma;
 
 // The kernel has no static shared memory, so its dynamic shared memory (the table first) starts at the shared-window
-// offset kBase (sm_90: after the 1 KiB the system reserves per block; checked at the start, a trap otherwise): byte j
-// of w looked up in the pair table (lane l's copy at word 64 v + l) is one PRMT (the offset (byte << 8) + 4 l) and
-// one LDS [R + kBase], with no add of a base register.
+// offset kBase (sm_90: after the 1 KiB the system reserves per block; checked at the start, a trap otherwise): a table
+// lookup is gemv_mma.cu's burst::lookup with the immediate offset (one PRMT, one LDS [R + kBase]).
 constexpr uint32_t kBase = 1024;
-// (kImm false: the table's shared address ``tab`` added in a register instead, for launches whose window offset is not
-// known here: cluster launches trapped on the check)
-template <bool kImm = true>
-__device__ __forceinline__ uint32_t lookup_c(uint32_t lane4, uint32_t w, int j, uint32_t tab = 0) {
-  const uint32_t off = __byte_perm(w, lane4, 0x5504u | (j << 4));
-  uint32_t v;
-  if constexpr (kImm) {
-    asm("ld.shared.u32 %0, [%1+1024];\n" : "=r"(v) : "r"(off));
-  } else {
-    asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(tab + off));
-  }
-  return v;
-}
 
 // One slice of a lane: x of its chunk from the holes (lanes that carry x; zeros elsewhere), 8 mma of the looked-up
 // code pairs (step i: codes 4i..4i+3, byte 2i -> a0 / a1 and 2i + 1 -> a2 / a3 of rows g / g + 8), the product
 // scaled by the rows' absmax into acc (C columns 2t, 2t + 1 of rows g and g + 8).
-template <typename T, bool kImm = true>
+template <typename T>
 __device__ __forceinline__ void decode_slice(float (&acc)[4], uint32_t lane4, const uint8_t* smem, bool xon,
                                              uint32_t x_at, uint4 wa, uint4 wb, float sa, float sb) {
   uint4 xv[4];
@@ -62,10 +49,9 @@ __device__ __forceinline__ void decode_slice(float (&acc)[4], uint32_t lane4, co
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = 2 * (i & 1);
-    const uint32_t tab = kImm ? 0u : static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const uint32_t a0 = lookup_c<kImm>(lane4, A[i >> 1], j, tab), a1 = lookup_c<kImm>(lane4, B[i >> 1], j, tab);
-    const uint32_t a2 = lookup_c<kImm>(lane4, A[i >> 1], j + 1, tab);
-    const uint32_t a3 = lookup_c<kImm>(lane4, B[i >> 1], j + 1, tab);
+    const uint32_t a0 = burst::lookup<true>(lane4, A[i >> 1], j, 0), a1 = burst::lookup<true>(lane4, B[i >> 1], j, 0);
+    const uint32_t a2 = burst::lookup<true>(lane4, A[i >> 1], j + 1, 0);
+    const uint32_t a3 = burst::lookup<true>(lane4, B[i >> 1], j + 1, 0);
     mma16816<T>(c, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
   }
   acc[0] = fmaf(sa, c[0], acc[0]);
@@ -222,207 +208,6 @@ int launch_t(const Params* p, cudaStream_t st) {
   return static_cast<int>(cudaGetLastError());
 }
 
-// A slice pair's statistics (gemv_burst_r): a round is one slice pair (slices 2q, 2q + 1), so that the absmax codes of a
-// row for the whole round sit in one aligned 4-byte word (K % 256 == 0, blocksize >= 64; the word may reach up to 3
-// bytes past the last block, never past its aligned word) and the round's nested absmax is one value per row (256
-// codes inside one nested block).
-template <bool kNested> struct Pair2 {
-  uint4 wa[2], wb[2];
-  uint32_t ca, cb;   // nested: the aligned word of absmax codes of rows A / B; else unused
-  float na, nb;      // nested: the round's nested absmax of rows A / B
-  float fa[2], fb[2];  // not nested: the float32 absmax of the lane's block, per slice
-};
-
-// Persistent form with trimmed per-slice work (gemv_burst_r): grid = resident blocks (or clusters), tiles taken in turn,
-// the table, nested codes and x set up once per block; a warp's rounds are the slice pairs q = warp, warp + W, ... of
-// each tile, loaded two rounds ahead (three register buffers, each carrying its own row offsets and pair: two pairs,
-// 4 KiB per warp, in flight while it decodes a third); element offsets are 32-bit (N K < 2^31). A tile ends with its
-// row sums in shared memory (two buffers by tile parity) and one block barrier. kC > 1: a thread block cluster
-// of kC blocks shares each tile (block rank r takes the pairs r W + warp, + kC W, ...), for balance where the tiles are
-// few per block; rank 0 adds the kC blocks' row sums (over distributed shared memory) in rank, then warp order.
-template <bool kNested> struct Pair3 : Pair2<kNested> {
-  int ea, eb, q;  // element offsets of the lane's rows (0 past N), the round's pair (>= pairs: an empty round)
-};
-
-template <typename T, bool kNested, int W, int kMinB, int kC = 1>
-__global__ void __launch_bounds__(W * 32, kMinB) gemv_burst_r(const __grid_constant__ Params p) {
-  extern __shared__ __align__(16) uint8_t smem[];  // table (64 KiB), nested codes (1 KiB), row sums [2][W][32]
-  float* nested_code = reinterpret_cast<float*>(smem + 65536);
-  float (*red)[W][32] = reinterpret_cast<float (*)[W][32]>(smem + 65536 + 1024);
-  if (kC == 1 && static_cast<uint32_t>(__cvta_generic_to_shared(smem)) != kBase) __trap();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int K = static_cast<int>(p.K), M = static_cast<int>(p.M), N = static_cast<int>(p.N);
-  const int tiles = (N + 15) / 16, pairs = K >> 8;
-  const int log2_bs = __ffsll(p.blocksize) - 1;
-  const int c0 = (2 * t) & 3;
-  const uint32_t lane4 = 4u * lane;
-  const bool xon = (g & 3) == t && (g >> 2) < M;
-  const uint32_t x_off = 128u + 256u * static_cast<uint32_t>(((g >> 2) * K + 32 * t) >> 6) + 64u * (t & 1);
-  const uint8_t* am8 = reinterpret_cast<const uint8_t*>(p.absmax);
-  const float* am32 = reinterpret_cast<const float*>(p.absmax);
-
-  pdl_wait();
-  constexpr int kNc = (256 + W * 32 - 1) / (W * 32);
-  float code_l, nested_t[kNc], offset;
-  load_codes<kNested, W>(p, code_l, nested_t, offset);
-
-  // a cursor over the warp's rounds: (tile, pair q), q = warp, warp + W, ... < pairs (one empty round where
-  // warp >= pairs), tiles blockIdx.x, + gridDim.x, ...
-  int rank = 0;
-  if constexpr (kC > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  const int q0 = rank * W + warp;
-  auto advance = [&](int& tl, int& qq) {
-    qq += kC * W;
-    if (qq >= pairs) {
-      qq = q0;
-      tl += gridDim.x / kC;
-    }
-  };
-  auto load = [&](Pair3<kNested>& b, int tl, int qq) {
-    const int ra = tl * 16 + g, rb = ra + 8;
-    const bool live = tl < tiles && qq < pairs;
-    const bool onA = live && ra < N, onB = live && rb < N;
-    b.ea = onA ? ra * K : 0;
-    b.eb = onB ? rb * K : 0;
-    b.q = tl < tiles ? qq : pairs;
-    const int o = live ? 128 * qq : 0;  // bytes of the pair in a row
-    const uint8_t* pa = p.packed + (b.ea >> 1) + 16 * t + o;
-    const uint8_t* pb = p.packed + (b.eb >> 1) + 16 * t + o;
-    b.wa[0] = onA ? __ldcs(reinterpret_cast<const uint4*>(pa)) : make_uint4(0, 0, 0, 0);
-    b.wa[1] = onA ? __ldcs(reinterpret_cast<const uint4*>(pa + 64)) : make_uint4(0, 0, 0, 0);
-    b.wb[0] = onB ? __ldcs(reinterpret_cast<const uint4*>(pb)) : make_uint4(0, 0, 0, 0);
-    b.wb[1] = onB ? __ldcs(reinterpret_cast<const uint4*>(pb + 64)) : make_uint4(0, 0, 0, 0);
-    const int ba = (b.ea + 2 * o) >> log2_bs, bb = (b.eb + 2 * o) >> log2_bs;  // first block of the round
-    if constexpr (kNested) {
-      b.ca = __ldg(reinterpret_cast<const uint32_t*>(am8 + (ba & ~3)));
-      b.cb = __ldg(reinterpret_cast<const uint32_t*>(am8 + (bb & ~3)));
-      b.na = __ldg(p.nested_absmax + (ba >> 8));
-      b.nb = __ldg(p.nested_absmax + (bb >> 8));
-    } else {
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        b.fa[u] = __ldg(am32 + ((b.ea + 2 * o + 128 * u + 32 * c0) >> log2_bs));
-        b.fb[u] = __ldg(am32 + ((b.eb + 2 * o + 128 * u + 32 * c0) >> log2_bs));
-      }
-    }
-  };
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  auto decode = [&](const Pair3<kNested>& b) {
-    if (b.q >= pairs) return;
-    const int o = 128 * b.q;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      float sa, sb;
-      if constexpr (kNested) {
-        const int ba0 = ((b.ea + 2 * o) >> log2_bs) & ~3, bb0 = ((b.eb + 2 * o) >> log2_bs) & ~3;
-        const int ia = ((b.ea + 2 * o + 128 * u + 32 * c0) >> log2_bs) - ba0;
-        const int ib = ((b.eb + 2 * o + 128 * u + 32 * c0) >> log2_bs) - bb0;
-        sa = __fadd_rn(__fmul_rn(nested_code[(b.ca >> (8 * ia)) & 0xffu], b.na), offset);
-        sb = __fadd_rn(__fmul_rn(nested_code[(b.cb >> (8 * ib)) & 0xffu], b.nb), offset);
-      } else {
-        sa = b.fa[u];
-        sb = b.fb[u];
-      }
-      decode_slice<T, kC == 1>(acc, lane4, smem, xon, x_off + 512u * (2 * b.q + u), b.wa[u], b.wb[u], sa, sb);
-    }
-  };
-  int parity = 0;
-  auto finish = [&](int tl) {
-    float va = acc[0] + acc[1], vb = acc[2] + acc[3];
-    va += __shfl_xor_sync(0xffffffffu, va, 1);
-    vb += __shfl_xor_sync(0xffffffffu, vb, 1);
-    if ((t & 1) == 0) {
-      red[parity][warp][16 * (t >> 1) + g] = va;
-      red[parity][warp][16 * (t >> 1) + g + 8] = vb;
-    }
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    if constexpr (kC > 1) {
-      cluster_barrier();
-    } else {
-      __syncthreads();
-    }
-    if (rank == 0 && threadIdx.x < 16 * M) {
-      const int m = threadIdx.x >> 4, row = tl * 16 + (threadIdx.x & 15);
-      if (row < N) {
-        float v = 0.f;
-#pragma unroll
-        for (int r = 0; r < kC; ++r) {
-#pragma unroll
-          for (int w = 0; w < W; ++w) {
-            if (r == 0) {
-              v += red[parity][w][threadIdx.x];
-            } else {
-              v += ld_cluster_f32(static_cast<uint32_t>(__cvta_generic_to_shared(&red[parity][w][threadIdx.x])), r);
-            }
-          }
-        }
-        Pair<T>::store(p.y, static_cast<long long>(m) * N + row, v + (p.bias ? Pair<T>::load(p.bias, row) : 0.f));
-      }
-    }
-    parity ^= 1;
-  };
-  Pair3<kNested> b0, b1, b2;
-  int tile = blockIdx.x / kC, q = q0;  // decode cursor
-  int tl_ld = tile, q_ld = q;        // load cursor (two rounds ahead after the prologue)
-  load(b0, tl_ld, q_ld);
-  advance(tl_ld, q_ld);
-  load(b1, tl_ld, q_ld);
-  advance(tl_ld, q_ld);
-  set_up_block<T, kNested, W>(smem, nested_code, nested_t, code_l, p, M, K);
-  // one step: the round two ahead into the buffer decoded last, then this round; a tile ends when the decode cursor
-  // leaves it
-  auto step = [&](Pair3<kNested>& cur, Pair3<kNested>& free) -> bool {
-    load(free, tl_ld, q_ld);
-    advance(tl_ld, q_ld);
-    decode(cur);
-    const int tl = tile;
-    advance(tile, q);
-    if (tile != tl) finish(tl);
-    return tile < tiles;
-  };
-  if (tile < tiles) {
-    while (step(b0, b2) && step(b1, b0) && step(b2, b1)) {
-    }
-  }
-  if constexpr (kC > 1) cluster_barrier();  // the other blocks' shared memory stays until rank 0 has read it
-}
-
-template <typename T, bool kNested, int W, int kMinB, int kC = 1>
-int launch_r(const Params* p, cudaStream_t st) {
-  if (p->K % 256 != 0 || p->N * p->K >= (1LL << 31)) return -3;
-  auto f = gemv_burst_r<T, kNested, W, kMinB, kC>;
-  const int kSmem = 65536 + 1024 + W * 256;
-  cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return -2;
-  const long long tiles = (p->N + 15) / 16;
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(W * 32);
-  cfg.dynamicSmemBytes = kSmem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  long long units = 0;  // resident blocks (kC = 1) or clusters
-  if (kC > 1) {
-    cluster_attr(attr[0], kC);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cfg.gridDim = dim3(kC);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, f, &cfg) != cudaSuccess) return -5;
-    units = clusters;
-  } else {
-    int blocks = 0, dev = 0, sms = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, f, W * 32, kSmem);
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    units = (long long)blocks * sms;
-  }
-  const long long grid = (tiles < units ? tiles : units) * kC;
-  if (grid < 1) return -4;
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  void* args[] = {(void*)p};
-  return static_cast<int>(cudaLaunchKernelExC(&cfg, (const void*)f, args));
-}
-
 template <typename T, bool kNested>
 int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
   switch (cfg) {
@@ -435,13 +220,6 @@ int launch_cfg(const Params* p, int cfg, cudaStream_t st) {
     case 6: return launch_t<T, kNested, 8, 4, 2, 2>(p, st);
     case 7: return launch_t<T, kNested, 8, 4, 3, 2>(p, st);
     case 8: return launch_t<T, kNested, 8, 2, 1, 3>(p, st);
-    case 30: return launch_r<T, kNested, 8, 2>(p, st);
-    case 31: return launch_r<T, kNested, 8, 3>(p, st);
-    case 32: return launch_r<T, kNested, 16, 1>(p, st);
-    case 33: return launch_r<T, kNested, 4, 3>(p, st);
-    case 34: return launch_r<T, kNested, 4, 3, 2>(p, st);
-    case 35: return launch_r<T, kNested, 4, 3, 4>(p, st);
-    case 36: return launch_r<T, kNested, 8, 2, 2>(p, st);
   }
   return -1;
 }
