@@ -300,69 +300,45 @@ def _cuobjdump():
 
 
 def _in_flight_fragment_writes(sass: str) -> tuple[int, list[str]]:
-    """(wgmma groups seen, instructions that write an A-fragment register of an issued HGMMA group before the
+    """(wgmma groups seen, instructions that write an A-fragment register of an issued HGMMA group before a
     WARPGROUP.DEPBAR that waits for it): wgmma reads its register A operand asynchronously and ptxas does not
-    guard it (NOTES.md sessions 8 and 9: both times the next step's decode was given the in-flight registers)."""
+    guard it (NOTES.md sessions 8 and 9: both times the next step's decode was given the in-flight registers).
+    Groups in flight are tracked in issue order: ``DEPBAR.LE gsb0, N`` leaves the newest N of them in flight (the
+    two-row-group variants wait for all but the newest). A linear scan of each function's SASS."""
     import re
 
     groups, bad = 0, []
     for func in re.split(r"\n\s*Function : ", sass)[1:]:
-        lines = [re.sub(r"/\*[0-9a-f]*\*/", "", ln) for ln in func.splitlines()]
-        issue = [i for i, ln in enumerate(lines) if "HGMMA" in ln]
-        i = 0
-        while i < len(issue):
-            j = i  # one step's HGMMAs: consecutive issues up to the one that sets the scoreboard (gsb0)
-            while j + 1 < len(issue) and "gsb0" not in lines[issue[j]]:
-                j += 1
-            regs = set()
-            for k in issue[i:j + 1]:
-                m = re.search(r"HGMMA\.\S+ R\d+, R(\d+),", lines[k])
+        in_flight: list[set[int]] = []
+        pending: set[int] = set()
+        for ln in func.splitlines():
+            ln = re.sub(r"/\*[0-9a-f]*\*/", "", ln)
+            if "HGMMA" in ln:
+                m = re.search(r"HGMMA\.\S+ R\d+, R(\d+),", ln)
                 if m:
-                    regs |= set(range(int(m.group(1)), int(m.group(1)) + 4))
-            groups += 1
-            end = next((e for e in range(issue[j], len(lines)) if "WARPGROUP.DEPBAR" in lines[e]), len(lines))
-            for e in range(issue[j] + 1, end):
-                m = re.match(r"\s*(@!?U?P\w+\s+)?([A-Z0-9_.]+)\s+R(\d+)\b", lines[e])
-                if m and int(m.group(3)) in regs and not m.group(2).startswith(("ST", "BAR", "BRA", "RED", "ATOM")):
-                    bad.append(lines[e].strip())
-            i = j + 1
+                    pending |= set(range(int(m.group(1)), int(m.group(1)) + 4))
+                if "gsb0" in ln:  # the group's last HGMMA sets the scoreboard
+                    in_flight.append(pending)
+                    pending = set()
+                    groups += 1
+                continue
+            m = re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", ln)
+            if m:
+                keep = int(m.group(1), 16)
+                in_flight = in_flight[max(0, len(in_flight) - keep):] if keep else []
+                continue
+            m = re.match(r"\s*(@!?U?P\w+\s+)?([A-Z0-9_.]+)\s+R(\d+)\b", ln)
+            if (m and any(int(m.group(3)) in regs for regs in in_flight)
+                    and not m.group(2).startswith(("ST", "BAR", "BRA", "RED", "ATOM"))):
+                bad.append(ln.strip())
     return groups, bad
 
 
-def test_wgmma_wide_weights_split_their_second_wave():
-    from fastnf4.ops.matmul import wgmma
-
-    # H200, session 18 (probe_wgmma_wide_tail.py): one wave of whole tiles, the rest in 2 / 3 parts
-    for m in (4, 8, 16, 32):
-        bm = wgmma.block_m(m)
-        assert wgmma.plan(m, 57344, 8192, 264, bm, 2) == (2, 64, 264)  # Llama gate_up: 184 tiles left
-        assert wgmma.plan(m, 51200, 5120, 264, bm, 2) == (3, 28, 264)  # Qwen gate_up: 136
-        assert wgmma.plan(m, 43008, 5376, 264, bm, 2) == (3, 28, 264)  # Gemma gate_up: 72
-    assert wgmma.plan(16, 28672, 8192, 264, 16, 2) == (1, 128, 224)  # Llama gate+up (224 tiles): still whole
-    assert wgmma.plan(16, 140000, 8192, 264, 16, 2)[0] == 1  # twice the slots or more: whole tiles
-    assert wgmma.plan(64, 57344, 8192, 264, 64, 2)[0] == 1  # BM 64: not measured
-
-
-def test_decode_plan_prices_split_k_as_measured():
-    from fastnf4.ops.matmul import gemv_mma
-
-    cost = gemv_mma.DECODE_SPLIT_COST
-    # H200, session 16 (probe_decode.py, every split count): Llama gate+up 52.5 us whole against 59.5 in 7 splits,
-    # Qwen gate_up 61.8 in 3 splits against 63.0 in 5; the other weights keep their (fastest) plans
-    assert gemv_mma.plan(1, 28672, 8192, 132 * 16, split_cost=cost) == (1, 64)
-    assert gemv_mma.plan(1, 51200, 5120, 132 * 16, split_cost=cost)[0] == 3
-    for n, k, warps in ((57344, 8192, 132 * 16), (8192, 28672, 132 * 16), (21504, 5376, 132 * 16),
-                        (8192, 8192, 132 * 20)):
-        assert gemv_mma.plan(1, n, k, warps, split_cost=cost) == gemv_mma.plan(1, n, k, warps)
-    assert gemv_mma.plan(1, 28672, 8192, 132 * 16)[0] > 1  # the default cost (other kernels, M > 2) splits it
-    # M = 2 (session 17, FASTNF4_PROBE_M=2): the same price; Qwen o 6 splits (17.3 us) instead of 13 (19.0)
-    assert gemv_mma.plan(2, 5120, 8192, 132 * 16, split_cost=cost)[0] == 6
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path):
-    """The SASS of every wgmma variant: no instruction between an HGMMA group and its wait writes the group's A
-    registers. (The statistics-ahead attempt of session 9 had 12 such kernels of 12; this check finds them.)"""
+@pytest.mark.parametrize("extra", [(), ("-DFASTNF4_WG_RG128=2",)])
+def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path, extra):
+    """The SASS of every wgmma variant (and of the two-row-group build of BM 128): no instruction between an HGMMA
+    group and its wait writes the group's A registers. (The statistics-ahead attempt of session 9 had 12 such
+    kernels of 12; this check finds them.)"""
     import subprocess
 
     from fastnf4 import _cuda
@@ -371,7 +347,7 @@ def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path):
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
-    lib = _cuda.compile_source(wgmma.SOURCE, "sm_90a", out_dir=str(tmp_path))
+    lib = _cuda.compile_source(wgmma.SOURCE, "sm_90a", out_dir=str(tmp_path), extra=extra)
     sass = subprocess.run([tool, "-sass", lib], capture_output=True, text=True, check=True).stdout
     groups, bad = _in_flight_fragment_writes(sass)
     assert groups >= 20  # every variant issues wgmma (the check cannot pass on an empty dump)
