@@ -334,11 +334,40 @@ def _in_flight_fragment_writes(sass: str) -> tuple[int, list[str]]:
     return groups, bad
 
 
-@pytest.mark.parametrize("extra", [(), ("-DFASTNF4_WG_RG128=2",)])
-def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path, extra):
-    """The SASS of every wgmma variant (and of the two-row-group build of BM 128): no instruction between an HGMMA
-    group and its wait writes the group's A registers. (The statistics-ahead attempt of session 9 had 12 such
-    kernels of 12; this check finds them.)"""
+def test_wgmma_wide_weights_split_their_second_wave():
+    from fastnf4.ops.matmul import wgmma
+
+    # H200, session 18 (probe_wgmma_wide_tail.py): one wave of whole tiles, the rest in 2 / 3 parts
+    for m in (4, 8, 16, 32):
+        bm = wgmma.block_m(m)
+        assert wgmma.plan(m, 57344, 8192, 264, bm, 2) == (2, 64, 264)  # Llama gate_up: 184 tiles left
+        assert wgmma.plan(m, 51200, 5120, 264, bm, 2) == (3, 28, 264)  # Qwen gate_up: 136
+        assert wgmma.plan(m, 43008, 5376, 264, bm, 2) == (3, 28, 264)  # Gemma gate_up: 72
+    assert wgmma.plan(16, 28672, 8192, 264, 16, 2) == (1, 128, 224)  # Llama gate+up (224 tiles): still whole
+    assert wgmma.plan(16, 140000, 8192, 264, 16, 2)[0] == 1  # twice the slots or more: whole tiles
+    assert wgmma.plan(64, 57344, 8192, 264, 64, 2)[0] == 1  # BM 64: not measured
+
+
+def test_decode_plan_prices_split_k_as_measured():
+    from fastnf4.ops.matmul import gemv_mma
+
+    cost = gemv_mma.DECODE_SPLIT_COST
+    # H200, session 16 (probe_decode.py, every split count): Llama gate+up 52.5 us whole against 59.5 in 7 splits,
+    # Qwen gate_up 61.8 in 3 splits against 63.0 in 5; the other weights keep their (fastest) plans
+    assert gemv_mma.plan(1, 28672, 8192, 132 * 16, split_cost=cost) == (1, 64)
+    assert gemv_mma.plan(1, 51200, 5120, 132 * 16, split_cost=cost)[0] == 3
+    for n, k, warps in ((57344, 8192, 132 * 16), (8192, 28672, 132 * 16), (21504, 5376, 132 * 16),
+                        (8192, 8192, 132 * 20)):
+        assert gemv_mma.plan(1, n, k, warps, split_cost=cost) == gemv_mma.plan(1, n, k, warps)
+    assert gemv_mma.plan(1, 28672, 8192, 132 * 16)[0] > 1  # the default cost (other kernels, M > 2) splits it
+    # M = 2 (session 17, FASTNF4_PROBE_M=2): the same price; Qwen o 6 splits (17.3 us) instead of 13 (19.0)
+    assert gemv_mma.plan(2, 5120, 8192, 132 * 16, split_cost=cost)[0] == 6
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path):
+    """The SASS of every wgmma variant: no instruction between an HGMMA group and its wait writes the group's A
+    registers. (The statistics-ahead attempt of session 9 had 12 such kernels of 12; this check finds them.)"""
     import subprocess
 
     from fastnf4 import _cuda
@@ -347,7 +376,7 @@ def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path, extra):
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
-    lib = _cuda.compile_source(wgmma.SOURCE, "sm_90a", out_dir=str(tmp_path), extra=extra)
+    lib = _cuda.compile_source(wgmma.SOURCE, "sm_90a", out_dir=str(tmp_path))
     sass = subprocess.run([tool, "-sass", lib], capture_output=True, text=True, check=True).stdout
     groups, bad = _in_flight_fragment_writes(sass)
     assert groups >= 20  # every variant issues wgmma (the check cannot pass on an empty dump)

@@ -79,16 +79,15 @@ def test_tail_plan_matches_and_replays_equal(dtype):
     n, k, m = 21504, 5376, 128
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.02)
     prepared = wgmma.Prepared(*linear_args(q))
-    rows = prepared.lib.rows[128]  # weight rows per block (256 in the two-row-group build)
-    s, per, full = wgmma.plan(m, n, k, prepared.lib.sms, 128, 1, rows)
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132 and rows == wgmma.ROWS:
+    s, per, full = wgmma.plan(m, n, k, prepared.lib.sms, 128, 1)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert (s, per, full) == (3, 28, 132)
     bias = torch.randn(n, device="cuda", dtype=dtype)
     _check(q, m, dtype, bias)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     y1 = prepared(x, bias)
     y2 = prepared(x, bias, splits=1)  # no split: differs only in the tail's summation order
-    assert torch.equal(y1[:, : full * rows], y2[:, : full * rows])
+    assert torch.equal(y1[:, : full * 128], y2[:, : full * 128])
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         yg = prepared(x, bias)

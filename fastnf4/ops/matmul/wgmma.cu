@@ -128,30 +128,7 @@ constexpr int kUnroll2MaxBM = 32;
 // chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
 // instead of one per step (H200: the per-step statistics copies cost 10-26% of the kernel's time); a ring of
 // three 2 KiB slots (row r: float chunk at 16 r; nested: code word at 4 r, nested absmax at 512 + 4 r).
-constexpr int kQuadBytes = 2048;  // per 128 weight rows
-
-// Row groups per warpgroup at BM 128 (kRG128): 2 makes a block 256 weight rows (each warpgroup two m64 groups: 8
-// wgmma per step on one x tile), so x leaves the L2 once per 256 weight rows instead of 128 and a step carries
-// twice the tensor work against the same per-step bookkeeping. Its weight ring (10 KiB per stage) does not fit in
-// the table's holes and sits in a dense region of its own. Experiment switch -DFASTNF4_WG_RG128=2.
-#if defined(FASTNF4_WG_RG128)
-constexpr int kRG128 = FASTNF4_WG_RG128;
-#else
-constexpr int kRG128 = 1;
-#endif
-static_assert(kRG128 == 1 || kRG128 == 2, "one or two row groups per warpgroup");
-// Experiments: the dense weight ring for BM 128 with one row group too (-DFASTNF4_WG_DENSE128), and the weight
-// stages of a dense ring (-DFASTNF4_WG_WSTAGES_DENSE=n; the table's holes cap the other variants at 6).
-#if defined(FASTNF4_WG_DENSE128)
-constexpr bool kDense128 = true;
-#else
-constexpr bool kDense128 = false;
-#endif
-#if defined(FASTNF4_WG_WSTAGES_DENSE)
-constexpr int kWStagesDense = FASTNF4_WG_WSTAGES_DENSE;
-#else
-constexpr int kWStagesDense = 6;
-#endif
+constexpr int kQuadBytes = 2048;
 
 // Variants with BM <= kTrimMaxBM keep the per-step bookkeeping off the issue slots: the weight ring slot is carried
 // from step to step instead of taken modulo kWStages, the statistics quads have 4 slots (a mask, not a modulo by
@@ -183,15 +160,6 @@ template <int BM> struct Cfg {
   static constexpr int kXStages = 4;
 #endif
   static constexpr int kBlocks = BM <= 64 ? 2 : 1;
-  // row groups of 64 per warpgroup, weight rows per block, holes (128 bytes) per weight ring stage, and whether
-  // the ring is a dense region of its own (kRG > 1) instead of the table's holes
-  static constexpr int kRG = BM == 128 ? kRG128 : 1;
-  static constexpr int kRows = kBN * kRG;
-  static constexpr int kStageHoles = kHoles * kRG;
-  static constexpr bool kDenseRing = kRG > 1 || (BM == 128 && kDense128);
-  static constexpr int kWSt = kDenseRing ? kWStagesDense : kWStages;  // weight ring stages
-  static constexpr int kWRing = kDenseRing ? kWSt * kStageHoles * 128 : 0;
-  static constexpr int kQuadB = kQuadBytes * kRG;
   static constexpr bool kTrim = BM <= kTrimMaxBM || BM >= kTrimFromBM;
   static constexpr int kQuadSlots = kTrim ? 4 : 3;
   // the trimmed variants also take the block barrier and issue their copies every other step only (H200, NOTES.md
@@ -204,13 +172,11 @@ template <int BM> struct Cfg {
   static_assert(!kPair || kXStages == 4, "paired steps: x stage i & 3, even-step refills");
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
   static constexpr int kRing = kXStages * kXBytes;
-  static constexpr int kOutRow = (kRows + 8) * 2;   // bytes per staged output row (padded: no bank conflicts)
-  // alignment slack, table + weights, x ring, nested code, statistics quads, x stage barriers, dense weight ring
-  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * kQuadB + 8 * kXStages +
-                                (kDenseRing ? 16 : 0) + kWRing;
+  static constexpr int kOutRow = (kBN + 8) * 2;   // bytes per staged output row (padded: no bank conflicts)
+  // alignment slack, table + weights, x ring, nested code, statistics quads, x stage barriers
+  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * kQuadBytes + 8 * kXStages;
   static_assert(kBlocks * (kSmem + 1024) <= 228 * 1024, "resident blocks fit in shared memory");
-  // the output staging reuses the x ring (one row group) or the table and the x ring (two: contiguous)
-  static_assert(BM * kOutRow <= (kRG == 1 ? kRing : kTableBytes + kRing), "the output staging fits");
+  static_assert(BM * kOutRow <= kRing, "the output staging reuses the x ring");
 };
 
 template <typename T> struct Pair {
@@ -601,12 +567,11 @@ template <typename T, int BM, bool kNested, bool kFast>
 __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __grid_constant__ KParams kp) {
   using C = Cfg<BM>;
   const Params& p = kp.p;
-  constexpr int kAcc = BM / 2, kXStages = C::kXStages, RG = C::kRG, kWSt = C::kWSt;
+  constexpr int kAcc = BM / 2, kXStages = C::kXStages;
   constexpr bool kUnroll2 = BM <= kUnroll2MaxBM;
-  static_assert(!kFast || RG == 1, "the rounded-code decode runs one row group per warpgroup");
   // prefetch distances in steps: x is issued kXD steps before its wgmma, the weights and statistics kWD before
   // their decode; copy group u (one per step) carries the weights of step u and the x tile of step u - kLag
-  constexpr int kXD = kXStages - 1, kLag = kWSt - kXD;
+  constexpr int kXD = kXStages - 1, kLag = kWStages - kXD;
   static_assert(kLag >= 0, "weights run at least as far ahead as x");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -614,8 +579,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   uint8_t* ring = smem_raw + (ring_s - smem_addr(smem_raw));
   float* ncode = reinterpret_cast<float*>(ring + C::kRing);
   const uint32_t quad_s = ring_s + C::kRing + 1024;
-  const uint32_t bars = quad_s + C::kQuadSlots * C::kQuadB;  // kXStages mbarriers: x stage landed (TMA bytes)
-  const uint32_t wring_s = (bars + 8 * kXStages + 15) & ~15u;  // the dense weight ring (kDenseRing)
+  const uint32_t bars = quad_s + C::kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
 #if !defined(FASTNF4_WG_NO_SUM_PDL)
@@ -629,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const bool is_part = tail_j >= 0;  // a split part of a tail tile (writes float32 partial sums)
   const long long n_tile = is_part ? p.full_tiles + tail_j % p.tail_tiles : blockIdx.y;
   const long long split = is_part ? tail_j / p.tail_tiles : 0;
-  const long long n0 = n_tile * C::kRows;
+  const long long n0 = n_tile * kBN;
   const long long steps = p.K / kStep;
   const long long s_begin = split * p.steps_per_split;
   const int nsteps = static_cast<int>(is_part ? min(steps, s_begin + p.steps_per_split) - s_begin : steps);
@@ -660,22 +624,16 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   }
   const float offset = kNested ? *p.offset : 0.f;
 
-  // hole h of a weight ring stage, relative to the stage: in the table's holes at 256 h + 128, or 128 h in the
-  // dense ring
-  auto hole = [](int h) { return static_cast<uint32_t>(C::kDenseRing ? 128 * h : 256 * h + 128); };
-  // the lane's weight rows (local; two per row group) and their statistics words
-  int ra[RG], rb[RG];
-  uint32_t wa_off[RG], wb_off[RG], qa_off[RG], qb_off[RG], rka[RG], rkb[RG];
-#pragma unroll
-  for (int h = 0; h < RG; ++h) {
-    ra[h] = 64 * RG * (warp >> 2) + 64 * h + 16 * (warp & 3) + g, rb[h] = ra[h] + 8;
-    wa_off[h] = hole(ra[h] >> 2) + 32 * (ra[h] & 3), wb_off[h] = hole(rb[h] >> 2) + 32 * (rb[h] & 3);
-    qa_off[h] = hole(32 * RG + (ra[h] >> 5)) + 4 * (ra[h] & 31), qb_off[h] = hole(32 * RG + (rb[h] >> 5)) + 4 * (rb[h] & 31);
-    rka[h] = static_cast<uint32_t>(min(n0 + ra[h], p.N - 1) * p.K);
-    rkb[h] = static_cast<uint32_t>(min(n0 + rb[h], p.N - 1) * p.K);
-  }
+  // hole h of the weight ring at table_s + 256 h + 128; offsets below are relative to a stage's first hole
+  auto hole = [](int h) { return static_cast<uint32_t>(256 * h + 128); };
+  // the lane's two weight rows (local) and their statistics words
+  const int ra = 64 * (warp >> 2) + 16 * (warp & 3) + g, rb = ra + 8;
   const uint32_t lane_off = kFast ? 4u * lane : 8u * (lane & 15);  // this lane's copy in a table entry
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
+  const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
+  const uint32_t qa_off = hole(32 + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(32 + (rb >> 5)) + 4 * (rb & 31);
+  const uint32_t rka = static_cast<uint32_t>(min(n0 + ra, p.N - 1) * p.K);
+  const uint32_t rkb = static_cast<uint32_t>(min(n0 + rb, p.N - 1) * p.K);
   const uint32_t lb = static_cast<uint32_t>(p.log2_blocksize);
   const bool quad = (p.K & 255) == 0 && (p.steps_per_split & 3) == 0 &&
                     (reinterpret_cast<uintptr_t>(p.absmax) & (kNested ? 3 : 15)) == 0;
@@ -684,77 +642,50 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const uint32_t elem_lo = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p.absmax)) >> (kNested ? 0 : 2);
 
   // copies of one step: thread 0 starts the TMA load of the x tile; thread tid copies half (tid & 1) of weight
-  // row tid / 2 (+ 128 h in row group h) and its statistics words: with one row group, the absmax (plain) or the
-  // aligned word holding the 8-bit code (nested) of row tid (tid < 128), the nested absmax of row tid - 128
-  // (nested, tid >= 128); with two, row tid's absmax or code word and (nested) its nested absmax. Rows past N take
-  // row N - 1 (never stored); x rows past M arrive as zeros.
+  // row tid / 2 and one statistics word: the absmax (plain) or the aligned word holding the 8-bit code (nested) of
+  // row tid (tid < 128), the nested absmax of row tid - 128 (nested, tid >= 128). Rows past N take row N - 1 (never
+  // stored); x rows past M arrive as zeros.
   const int wr = tid >> 1, wh = tid & 1;
-  bool w_ok[RG];
-  const uint8_t* w_src[RG];
-  uint32_t w_dst[RG];
-  const uint8_t* w_base[RG];  // the weight copy source of step u (trimmed variants): w_base + u * w_stride
-  int w_stride[RG];
-#pragma unroll
-  for (int h = 0; h < RG; ++h) {
-    const int r = wr + 128 * h;
-    w_ok[h] = n0 + r < p.N;
-    w_src[h] = p.packed + (w_ok[h] ? (n0 + r) * (p.K / 2) + 16 * wh : 0);
-    w_dst[h] = hole(r >> 2) + 32 * (r & 3) + 16 * wh;
-    // rows past N copy zero bytes from the packed base
-    w_base[h] = w_ok[h] ? w_src[h] + s_begin * (kStep / 2) : p.packed;
-    w_stride[h] = w_ok[h] ? kStep / 2 : 0;
-  }
-  constexpr int kSItems = (RG > 1 && kNested) ? 2 : 1;  // statistics words per thread and copy
-  const int sr = RG > 1 ? tid : tid & 127;
+  const bool w_ok = n0 + wr < p.N;
+  const uint8_t* w_src = p.packed + (w_ok ? (n0 + wr) * (p.K / 2) + 16 * wh : 0);
+  const uint32_t w_dst = hole(wr >> 2) + 32 * (wr & 3) + 16 * wh;
+  const int sr = tid & 127;
+  const bool s_nab = kNested && tid >= 128;  // this thread copies the nested absmax
+  const bool s_on = kNested || tid < 128;
   const long long s_rowk = min(n0 + sr, p.N - 1) * p.K;
-  // item q: is it the nested absmax, does this thread copy it, and where it goes in a weight stage
-  bool s_nab[kSItems], s_on[kSItems];
-  uint32_t s_dst[kSItems];
-#pragma unroll
-  for (int q = 0; q < kSItems; ++q) {
-    s_nab[q] = RG > 1 ? q == 1 : (kNested && tid >= 128);
-    s_on[q] = RG > 1 || kNested || tid < 128;
-    s_dst[q] = hole((s_nab[q] ? 36 : 32) * RG + (sr >> 5)) + 4 * (sr & 31);
-  }
+  const uint32_t s_dst = hole((s_nab ? 36 : 32) + (sr >> 5)) + 4 * (sr & 31);
 
-  // weight ring slot (step i's slot is i % kWSt; the trimmed variants carry it instead of dividing)
-  auto slot_base = [&](int slot) {
-    return C::kDenseRing ? wring_s + static_cast<uint32_t>(slot * C::kStageHoles * 128)
-                         : table_s + static_cast<uint32_t>(slot * kHoles * 256);
-  };
+  // weight ring slot (step i's slot is i % kWStages; the trimmed variants carry it instead of dividing)
+  auto slot_base = [&](int slot) { return table_s + static_cast<uint32_t>(slot * kHoles * 256); };
+  // the weight copy source of step u (trimmed variants): w_base + u * w_stride; rows past N copy zero bytes from
+  // the packed base
+  const uint8_t* w_base = w_ok ? w_src + s_begin * (kStep / 2) : p.packed;
+  const int w_stride = w_ok ? kStep / 2 : 0;
   auto x_stage = [&](int i) { return ring_s + static_cast<uint32_t>((i % kXStages) * C::kXBytes); };
   // the statistics quad slot of step i
-  auto quad_at = [&](int i) { return quad_s + static_cast<uint32_t>(((i >> 2) % C::kQuadSlots) * C::kQuadB); };
-  constexpr uint32_t kQuadNab = 512 * RG;  // nested absmax of a quad slot: after the rows' code words
-  // copy group u (weight ring slot u % kWSt): the weights and statistics of step u and the x tile of step
+  auto quad_at = [&](int i) { return quad_s + static_cast<uint32_t>(((i >> 2) % C::kQuadSlots) * kQuadBytes); };
+  // copy group u (weight ring slot u % kWStages): the weights and statistics of step u and the x tile of step
   // u - kLag (those that exist)
   auto load_group = [&](int u, int slot) {
     if (u < nsteps) {
       const long long k0 = kstep(u) * kStep;
-      const uint32_t ws = slot_base(C::kTrim ? slot : u % kWSt);
-#pragma unroll
-      for (int h = 0; h < RG; ++h) {
-        if constexpr (C::kTrim) {
-          cp_async16(ws + w_dst[h], w_base[h] + u * w_stride[h], w_ok[h] ? 16 : 0);
-        } else {
-          cp_async16(ws + w_dst[h], w_ok[h] ? w_src[h] + k0 / 2 : p.packed, w_ok[h] ? 16 : 0);
-        }
+      const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
+      if constexpr (C::kTrim) {
+        cp_async16(ws + w_dst, w_base + u * w_stride, w_ok ? 16 : 0);
+      } else {
+        cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
       }
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
-#pragma unroll
-      for (int q = 0; q < kSItems; ++q) {
-        if (s_on[q] && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
-          const long long blk = (s_rowk + k0) >> p.log2_blocksize;
-          const uint32_t dst =
-              quad ? quad_at(u) + (kNested ? (s_nab[q] ? kQuadNab : 0) + 4 * sr : 16 * sr) : ws + s_dst[q];
-          if constexpr (kNested) {
-            cp_async4(dst, s_nab[q] ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
-                                    : aligned_down(static_cast<const uint8_t*>(p.absmax) + blk, 4));
-          } else if (quad) {
-            cp_async16(dst, aligned_down(static_cast<const float*>(p.absmax) + blk, 16), 16);
-          } else {
-            cp_async4(dst, static_cast<const float*>(p.absmax) + blk);
-          }
+      if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
+        const long long blk = (s_rowk + k0) >> p.log2_blocksize;
+        const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 512 : 0) + 4 * sr : 16 * sr) : ws + s_dst;
+        if constexpr (kNested) {
+          cp_async4(dst, s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
+                               : aligned_down(static_cast<const uint8_t*>(p.absmax) + blk, 4));
+        } else if (quad) {
+          cp_async16(dst, aligned_down(static_cast<const float*>(p.absmax) + blk, 16), 16);
+        } else {
+          cp_async4(dst, static_cast<const float*>(p.absmax) + blk);
         }
       }
 #endif
@@ -775,36 +706,33 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     return 1.f;
 #endif
     const uint32_t blk = (rk + static_cast<uint32_t>(kstep(i) * kStep)) >> lb;
-    // the row's words: in its quad slot (float chunk at 16 r; code word at 4 r, nested absmax kQuadNab bytes
-    // further) or in the weight stage (at q_off; nested absmax 4 RG holes = 1024 bytes further)
+    // the row's words: in its quad slot (float chunk at 16 r; code word at 4 r, nested absmax 512 bytes further)
+    // or in the weight stage (at q_off; nested absmax 4 holes = 1024 bytes further)
     const uint32_t at = quad ? quad_at(i) + (kNested ? 4 : 16) * r : ws + q_off;
     if constexpr (kNested) {
       const uint32_t q = (lds32(at) >> (8 * ((elem_lo + blk) & 3))) & 255u;
       // as bitsandbytes: two roundings
-      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(at + (quad ? kQuadNab : 1024)))), offset);
+      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(at + (quad ? 512 : 1024)))), offset);
     } else {
       return __uint_as_float(lds32(quad ? at + 4 * ((elem_lo + blk) & 3) : at));
     }
   };
 
-  float acc[RG][kAcc];
+  float acc[kAcc];
 #pragma unroll
-  for (int h = 0; h < RG; ++h)
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[h][i] = 0.f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
-  // decode of step i's A fragments (16 registers per row group: 4 k16 sub-steps x 4) from its weight stage; sa /
-  // sb: the absmax of the lane's two rows of each row group (applied here, or to the step's product with the
-  // rounded-code decode)
+  // decode of step i's A fragments (16 registers: 4 k16 sub-steps x 4) from its weight stage; sa / sb: the absmax
+  // of the lane's two rows (applied here, or to the step's product with the rounded-code decode)
   // Trimmed variants with blocksize 64 and statistics quads: a row's 4 absmax of a quad are read at once, at its
   // first step, and step i's is the (i & 3)-th (the quad is aligned: K % 256 == 0, splits of whole quads, aligned
   // statistics). The loop runs 4 steps per iteration, so i & 3 is known where it is used.
   const bool quad64 = C::kTrim && quad && lb == 6;
-  float qa[RG][4], qb[RG][4];  // the absmax of rows ra / rb for the steps of the current quad
+  float qa[4], qb[4];  // the absmax of rows ra / rb for the steps of the current quad
   auto read_quad = [&](int i, int r, float (&q)[4]) {
     const uint32_t at = quad_at(i) + (kNested ? 4 : 16) * r;
     if constexpr (kNested) {
-      const uint32_t codes = lds32(at), nab = lds32(at + kQuadNab);
+      const uint32_t codes = lds32(at), nab = lds32(at + 512);
 #pragma unroll
       for (int e = 0; e < 4; ++e)  // as bitsandbytes: two roundings
         q[e] = __fadd_rn(__fmul_rn(ncode[(codes >> (8 * e)) & 255u], __uint_as_float(nab)), offset);
@@ -813,26 +741,26 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       q[0] = __uint_as_float(v.x), q[1] = __uint_as_float(v.y), q[2] = __uint_as_float(v.z), q[3] = __uint_as_float(v.w);
     }
   };
-  // row group h of step i; jq: i & 3 where the caller knows it (trimmed variants), else -1
-  auto decode_h = [&](int i, int slot, int h, uint32_t (&f)[16], float& sa, float& sb, int jq) {
-    const uint32_t ws = slot_base(C::kTrim ? slot : i % kWSt);
+  // jq: i & 3 where the caller knows it (trimmed variants), else -1
+  auto decode = [&](int i, int slot, uint32_t (&f)[16], float& sa, float& sb, int jq) {
+    const uint32_t ws = slot_base(C::kTrim ? slot : i % kWStages);
 #if defined(FASTNF4_WG_NO_STATS)
     sa = sb = 1.f;
 #else
     if (C::kTrim && jq >= 0 && quad64) {
       if (jq == 0) {
-        read_quad(i, ra[h], qa[h]);
-        read_quad(i, rb[h], qb[h]);
+        read_quad(i, ra, qa);
+        read_quad(i, rb, qb);
       }
-      sa = qa[h][jq & 3];
-      sb = qb[h][jq & 3];
+      sa = qa[jq & 3];
+      sb = qb[jq & 3];
     } else {
-      sa = absmax(ws, qa_off[h], ra[h], rka[h], i);
-      sb = absmax(ws, qb_off[h], rb[h], rkb[h], i);
+      sa = absmax(ws, qa_off, ra, rka, i);
+      sb = absmax(ws, qb_off, rb, rkb, i);
     }
 #endif
-    const uint4 a0 = lds128(ws + wa_off[h]), a1 = lds128(ws + wa_off[h] + 16);
-    const uint4 b0 = lds128(ws + wb_off[h]), b1 = lds128(ws + wb_off[h] + 16);
+    const uint4 a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
+    const uint4 b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #if defined(FASTNF4_WG_NO_DECODE)  // diagnostic: constant fragments (time without the decode)
@@ -858,24 +786,18 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       }
     }
   };
-  auto decode = [&](int i, int slot, uint32_t (&fr)[RG][16], float (&sa)[RG], float (&sb)[RG], int jq) {
-#pragma unroll
-    for (int h = 0; h < RG; ++h) decode_h(i, slot, h, fr[h], sa[h], sb[h], jq);
-  };
 
-  // prologue: copy groups 0 .. kWSt - 1 (one commit group each, empty ones past the end)
+  // prologue: copy groups 0 .. kWStages - 1 (one commit group each, empty ones past the end)
 #pragma unroll
-  for (int u = 0; u < kWSt; ++u) {
+  for (int u = 0; u < kWStages; ++u) {
     load_group(u, u);
     cp_async_commit();
   }
-  cp_async_wait<kWSt - 1>();  // group 0 (the weights of step 0) landed
+  cp_async_wait<kWStages - 1>();  // group 0 (the weights of step 0) landed
   __syncthreads();                // ... for every thread's copies; table and nested codes written
-  uint32_t fa[RG][16], fb[RG][16];
-  float sa_cur[RG], sb_cur[RG], sa_next[RG], sb_next[RG];
-#pragma unroll
-  for (int h = 0; h < RG; ++h) sa_next[h] = sb_next[h] = 0.f;
-  if constexpr (RG == 1) decode(0, 0, fa, sa_cur, sb_cur, C::kTrim ? 0 : -1);
+  uint32_t fa[16], fb[16];
+  float sa_cur, sb_cur, sa_next = 0.f, sb_next = 0.f;
+  decode(0, 0, fa, sa_cur, sb_cur, C::kTrim ? 0 : -1);
   int wslot = 0;  // weight ring slot of the current step (trimmed variants)
   // the wgmma descriptor of x sub-step s (k16) of step i
   const uint64_t xdesc0 = desc_sw128(ring_s);
@@ -891,44 +813,11 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   // rounded-code decode: this step's product (its own accumulator), scaled and added after the wgmma
   float part[kFast ? kAcc : 1];
 
-  // the block barrier and copies after step i's wgmma issue (step i + 1 follows): returns the weight ring slot of
-  // step i + 1. Trimmed variants: the ring slots of step i (refilled now with step i + kWSt) and of step i + 1.
-  auto refill = [&](int i, int j) -> int {
-    const int slot = wslot, slot1 = slot + 1 == kWSt ? 0 : slot + 1;
-    wslot = slot1;
-    // group i + 1 (the weights of step i + 1) landed. The barrier also means every warpgroup finished step
-    // i - 1's wgmma (waited for at the end of the previous step) and step i's decode, so x stage (i - 1) and
-    // weight stage i can be refilled: group i + kWSt carries the weights of step i + kWSt, and x of
-    // step i + kXD goes with it.
-    if constexpr (C::kPair) {
-      // paired variants: a barrier and copies at even steps only. Steps i + 1 and i + 2 are decoded before the
-      // next barrier, so groups up to i + 2 must have landed; every warp has decoded steps i - 1 and i and
-      // finished the wgmma of steps i - 2 and i - 1, so their weight slots take groups i + kWSt - 1 and
-      // i + kWSt (at i = 0 only the latter: the prologue issued the former), and x of steps i + kXD - 1
-      // and i + kXD goes with them into the x stages of steps i - 2 and i - 1.
-      if ((j & 1) == 0) {
-        cp_async_wait<kWSt - 4>();
-        __syncthreads();
-        if (i > 0) {
-          load_group(i + kWSt - 1, slot == 0 ? kWSt - 1 : slot - 1);
-          cp_async_commit();
-        }
-        load_group(i + kWSt, slot);
-        cp_async_commit();
-      }
-    } else {
-      cp_async_wait<kWSt - 2>();
-      __syncthreads();
-      load_group(i + kWSt, slot);
-      cp_async_commit();
-    }
-    return slot1;
-  };
   // one K step: its wgmma on the fragments ``cur`` (absmax ca / cb), the next step's decode into ``nxt`` (na / nb);
   // more: i + 1 < nsteps. Trimmed variants: j = i & 3 (a constant there) and par = (i >> 2) & 1 (x stage parity
   // with 4 stages), worked out once per 4 steps; else -1 / unused.
-  auto step = [&](int i, int j, uint32_t par, bool more, uint32_t (&cur)[RG][16], uint32_t (&nxt)[RG][16],
-                  const float (&ca)[RG], const float (&cb)[RG], float (&na)[RG], float (&nb)[RG]) {
+  auto step = [&](int i, int j, uint32_t par, bool more, uint32_t (&cur)[16], uint32_t (&nxt)[16], float ca, float cb,
+                  float& na, float& nb) {
     if constexpr (C::kTrim) {
       mbar_wait(bars + 8 * x_slot(i, j), (kXStages == 4 ? par : i / kXStages) & 1);
     } else {
@@ -939,109 +828,68 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
       for (int r = 0; r < kAcc; ++r) part[r] = 0.f;
       fence_acc(part);
     }
-#pragma unroll
-    for (int h = 0; h < RG; ++h) fence_acc(acc[h]);
+    fence_acc(acc);
     wgmma_fence();
 #if !defined(FASTNF4_WG_NO_MMA)  // diagnostic: no tensor-core work (time of loads and decode alone)
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-#pragma unroll
-      for (int h = 0; h < RG; ++h) {
-        if constexpr (kFast) {
-          Wgmma<T, BM>::run(part, cur[h][4 * s], cur[h][4 * s + 1], cur[h][4 * s + 2], cur[h][4 * s + 3],
-                            x_desc(i, j, s));
-        } else {
-          Wgmma<T, BM>::run(acc[h], cur[h][4 * s], cur[h][4 * s + 1], cur[h][4 * s + 2], cur[h][4 * s + 3],
-                            x_desc(i, j, s));
-        }
+      if constexpr (kFast) {
+        Wgmma<T, BM>::run(part, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3], x_desc(i, j, s));
+      } else {
+        Wgmma<T, BM>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3], x_desc(i, j, s));
       }
     }
 #else
 #pragma unroll
-    for (int h = 0; h < RG; ++h)
-#pragma unroll
-      for (int r = 0; r < 16; ++r) acc[h][r] += __uint_as_float(cur[h][r]);
+    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(cur[r]);
 #endif
     wgmma_commit();
-#pragma unroll
-    for (int h = 0; h < RG; ++h) fence_acc(acc[h]);
+    fence_acc(acc);
     if constexpr (kFast) fence_acc(part);
     if (more) {
-      const int slot1 = refill(i, j);
+      // trimmed variants: the ring slots of step i (refilled now with step i + kWStages) and of step i + 1
+      const int slot = wslot, slot1 = slot + 1 == kWStages ? 0 : slot + 1;
+      wslot = slot1;
+      // group i + 1 (the weights of step i + 1) landed. The barrier also means every warpgroup finished step
+      // i - 1's wgmma (waited for at the end of the previous step) and step i's decode, so x stage (i - 1) and
+      // weight stage i can be refilled: group i + kWStages carries the weights of step i + kWStages, and x of
+      // step i + kXD goes with it.
+      if constexpr (C::kPair) {
+        // paired variants: a barrier and copies at even steps only. Steps i + 1 and i + 2 are decoded before the
+        // next barrier, so groups up to i + 2 must have landed; every warp has decoded steps i - 1 and i and
+        // finished the wgmma of steps i - 2 and i - 1, so their weight slots take groups i + kWStages - 1 and
+        // i + kWStages (at i = 0 only the latter: the prologue issued the former), and x of steps i + kXD - 1
+        // and i + kXD goes with them into the x stages of steps i - 2 and i - 1.
+        if ((j & 1) == 0) {
+          cp_async_wait<kWStages - 4>();
+          __syncthreads();
+          if (i > 0) {
+            load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1);
+            cp_async_commit();
+          }
+          load_group(i + kWStages, slot);
+          cp_async_commit();
+        }
+      } else {
+        cp_async_wait<kWStages - 2>();
+        __syncthreads();
+        load_group(i + kWStages, slot);
+        cp_async_commit();
+      }
       decode(i + 1, slot1, nxt, na, nb, j < 0 ? -1 : (j + 1) & 3);  // overlaps step i's wgmma
     }
     wgmma_wait<0>();
     if constexpr (kFast) {
       fence_acc(part);  // the step's product is complete only after the wait
 #pragma unroll
-      for (int r = 0; r < kAcc; ++r) acc[0][r] = fmaf((r & 2) ? cb[0] : ca[0], part[r], acc[0][r]);
+      for (int r = 0; r < kAcc; ++r) acc[r] = fmaf((r & 2) ? cb : ca, part[r], acc[r]);
     }
     // wgmma reads its A registers asynchronously: keep this step's fragments alive (unchanged) until here, so the
     // next step's decode cannot be given the same registers
 #pragma unroll
-    for (int h = 0; h < RG; ++h)
-#pragma unroll
-      for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[h][r]) : "memory");
+    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");
   };
-  // Two row groups (RG 2): one fragment array per row group. On entry to step i, row group 0's wgmma of step i
-  // runs and fr[1] holds row group 1's fragments of step i. Row group 1's wgmma is issued; once row group 0's is
-  // done (wait for all but the newest group), its fragments of step i + 1 are decoded and issued at once, and row
-  // group 1's of step i + 1 are decoded while that runs: the tensor cores always have one row group's work in
-  // flight while the other's next fragments are decoded, and each row group needs one fragment array.
-  uint32_t fr[RG][16];
-  auto issue = [&](int h, int i, int j) {
-    fence_acc(acc[h]);
-    wgmma_fence();
-#if !defined(FASTNF4_WG_NO_MMA)
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-      Wgmma<T, BM>::run(acc[h], fr[h][4 * s], fr[h][4 * s + 1], fr[h][4 * s + 2], fr[h][4 * s + 3], x_desc(i, j, s));
-#else
-#pragma unroll
-    for (int r = 0; r < 16; ++r) acc[h][r] += __uint_as_float(fr[h][r]);
-#endif
-    wgmma_commit();
-    fence_acc(acc[h]);
-  };
-  auto keep = [&](int h) {  // as in step: the fragments stay unchanged until their wgmma is waited for
-#pragma unroll
-    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(fr[h][r]) : "memory");
-  };
-  auto step2 = [&](int i, int j, bool more) {
-    issue(1, i, j);
-    if (more) {
-      const int slot1 = refill(i, j), j1 = (j + 1) & 3;
-      float sa, sb;
-      wgmma_wait<1>();  // row group 0's wgmma of step i is done
-      keep(0);
-      decode_h(i + 1, slot1, 0, fr[0], sa, sb, j1);
-      mbar_wait(bars + 8 * x_slot(i + 1, j1), ((i + 1) / kXStages) & 1);
-      issue(0, i + 1, j1);
-      wgmma_wait<1>();  // row group 1's of step i is done
-      keep(1);
-      decode_h(i + 1, slot1, 1, fr[1], sa, sb, j1);
-    } else {
-      wgmma_wait<0>();
-      keep(0);
-      keep(1);
-    }
-  };
-  if constexpr (RG > 1) {
-    static_assert(C::kTrim && kXStages == 4, "two row groups: the trimmed four-step loop");
-    {
-      float sa, sb;
-      decode_h(0, 0, 0, fr[0], sa, sb, 0);
-      decode_h(0, 0, 1, fr[1], sa, sb, 0);
-      mbar_wait(bars, 0);
-      issue(0, 0, 0);
-    }
-    for (int i = 0; i < nsteps; i += 4) {
-      step2(i, 0, i + 1 < nsteps);
-      if (i + 1 < nsteps) step2(i + 1, 1, i + 2 < nsteps);
-      if (i + 2 < nsteps) step2(i + 2, 2, i + 3 < nsteps);
-      if (i + 3 < nsteps) step2(i + 3, 3, i + 4 < nsteps);
-    }
-  } else if constexpr (C::kTrim) {
+  if constexpr (C::kTrim) {
     // four steps per iteration: i & 3 is a constant in each (x stage, statistics quad place)
     for (int i = 0; i < nsteps; i += 4) {
       const uint32_t par = (i >> 2) & 1;
@@ -1059,68 +907,54 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   } else {
     for (int i = 0; i < nsteps; ++i) {
       step(i, -1, 0, i + 1 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
+      sa_cur = sa_next;
+      sb_cur = sb_next;
 #pragma unroll
-      for (int h = 0; h < RG; ++h) {
-        sa_cur[h] = sa_next[h];
-        sb_cur[h] = sb_next[h];
-#pragma unroll
-        for (int r = 0; r < 16; ++r) fa[h][r] = fb[h][r];
-      }
+      for (int r = 0; r < 16; ++r) fa[r] = fb[r];
     }
   }
-#pragma unroll
-  for (int h = 0; h < RG; ++h) fence_acc(acc[h]);
+  fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();
-  // accumulator fragment: acc[h][4 j + e] = (weight row ra[h] / rb[h] for e < 2 / >= 2, x row 8 j + 2 t + (e & 1))
+  // accumulator fragment: acc[4 j + e] = (weight row ra / rb for e < 2 / >= 2, x row 8 j + 2 t + (e & 1))
+  const long long na = n0 + ra, nb = n0 + rb;
   if constexpr (BM <= kClusterMaxBM) {
-    static_assert(RG == 1, "cluster sums: one row group");
     if (p.cluster > 1) {  // (then full_tiles = 0: every block is a part)
-      cluster_sum<T, BM>(p, acc[0], table_s, static_cast<int>(split), m0, n0, ra[0], rb[0], tid, t);
+      cluster_sum<T, BM>(p, acc, table_s, static_cast<int>(split), m0, n0, ra, rb, tid, t);
       return;
     }
   }
   if (is_part) {
-    const long long col0 = p.full_tiles * C::kRows, w = p.N - col0;
-#pragma unroll
-    for (int h = 0; h < RG; ++h) {
-      const long long na = n0 + ra[h], nb = n0 + rb[h];
-#pragma unroll
-      for (int j = 0; j < BM / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const long long m = m0 + 8 * j + 2 * t + (e & 1), n = e < 2 ? na : nb;
-          if (m < p.M && n < p.N) p.y32[(split * p.M + m) * w + n - col0] = acc[h][4 * j + e];
-        }
-      }
-    }
-    return;
-  }
-  // staged in the x ring (one row group) or from the table's start (two: table and x ring are contiguous)
-  uint16_t* stage = reinterpret_cast<uint16_t*>(RG == 1 ? ring : ring - kTableBytes);
-  constexpr int kRowH = C::kOutRow / 2;
-#pragma unroll
-  for (int h = 0; h < RG; ++h) {
-    const long long na = n0 + ra[h], nb = n0 + rb[h];
-    const float bias_a = (p.bias != nullptr && na < p.N) ? Pair<T>::load(p.bias, na) : 0.f;
-    const float bias_b = (p.bias != nullptr && nb < p.N) ? Pair<T>::load(p.bias, nb) : 0.f;
+    const long long col0 = p.full_tiles * kBN, w = p.N - col0;
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int m = 8 * j + 2 * t + (e & 1);
-        stage[m * kRowH + (e < 2 ? ra[h] : rb[h])] = Pair<T>::bits(acc[h][4 * j + e] + (e < 2 ? bias_a : bias_b));
+        const long long m = m0 + 8 * j + 2 * t + (e & 1), n = e < 2 ? na : nb;
+        if (m < p.M && n < p.N) p.y32[(split * p.M + m) * w + n - col0] = acc[4 * j + e];
       }
+    }
+    return;
+  }
+  const float bias_a = (p.bias != nullptr && na < p.N) ? Pair<T>::load(p.bias, na) : 0.f;
+  const float bias_b = (p.bias != nullptr && nb < p.N) ? Pair<T>::load(p.bias, nb) : 0.f;
+  uint16_t* stage = reinterpret_cast<uint16_t*>(ring);
+  constexpr int kRowH = C::kOutRow / 2;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = 8 * j + 2 * t + (e & 1);
+      stage[m * kRowH + (e < 2 ? ra : rb)] = Pair<T>::bits(acc[4 * j + e] + (e < 2 ? bias_a : bias_b));
     }
   }
   __syncthreads();
   const bool vec = (p.N % 8) == 0;
-  constexpr int kPieces = C::kRows / 8;  // 16-byte pieces per output row
 #pragma unroll
-  for (int c0 = 0; c0 < BM * kPieces; c0 += kThreads) {
-    const int c = c0 + tid, r = c / kPieces, q = c % kPieces;
+  for (int c0 = 0; c0 < BM * 16; c0 += kThreads) {
+    const int c = c0 + tid, r = c >> 4, q = c & 15;
     const long long m = m0 + r, n = n0 + 8 * q;
-    if ((BM * kPieces < kThreads && r >= BM) || m >= p.M || n >= p.N) continue;  // (BM 8: 128 pieces, 256 threads)
+    if ((BM * 16 < kThreads && r >= BM) || m >= p.M || n >= p.N) continue;  // (BM 8: 128 pieces, 256 threads)
     const uint16_t* src = stage + r * kRowH + 8 * q;
     uint16_t* dst = reinterpret_cast<uint16_t*>(p.y) + m * p.N + n;
     if (vec) {
@@ -1211,12 +1045,11 @@ void launch_sum(const Params* p, int splits, long long w, long long col0, cudaSt
 struct Variant {
   void* f;
   int smem;
-  int rows;  // weight rows per block
 };
 
 template <typename T, bool kNested, int BM>
 Variant variant_of() {
-  return {(void*)nf4_wgmma<T, BM, kNested, (BM <= kFastMaxBM)>, Cfg<BM>::kSmem, Cfg<BM>::kRows};
+  return {(void*)nf4_wgmma<T, BM, kNested, (BM <= kFastMaxBM)>, Cfg<BM>::kSmem};
 }
 
 template <typename T, bool kNested>
@@ -1229,7 +1062,7 @@ Variant pick(int bm) {
     case 128: return variant_of<T, kNested, 128>();
     case 256: return variant_of<T, kNested, 256>();
   }
-  return {nullptr, 0, 0};
+  return {nullptr, 0};
 }
 
 // The launch of variant v on `grid` in clusters of `size` blocks along z (attr: storage for its one attribute).
@@ -1278,9 +1111,6 @@ int fastnf4_wgmma_ready(int dtype, int bm, int nested) {
 
 int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 
-// Weight rows per block of the BM variant (0: no such variant).
-int fastnf4_wgmma_rows(int bm) { return fastnf4_wg::variant_for(0, bm, 0).rows; }
-
 // Clusters of `size` blocks (along z) that can be resident at once (cudaOccupancyMaxActiveClusters; 0: none / error).
 int fastnf4_wgmma_clusters(int dtype, int bm, int nested, int size) {
   const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
@@ -1323,7 +1153,7 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return (int)cudaErrorInvalidValue;
-  const long long col0 = p->full_tiles * v.rows, w = p->N - col0;
+  const long long col0 = p->full_tiles * fastnf4_wg::kBN, w = p->N - col0;
   const long long gy = p->full_tiles + p->tail_tiles * splits;
   const bool cluster = p->cluster > 1;
   if (gx < 1 || splits < 1 || p->full_tiles < 0 || p->tail_tiles < 0 || gy < 1 || gy > 65535 ||

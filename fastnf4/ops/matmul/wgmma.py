@@ -16,7 +16,7 @@ from ... import _cuda
 
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
-ROWS = 128         # weight rows per block (kBN; twice that where wgmma.cu's BM 128 variant runs two row groups)
+ROWS = 128         # weight rows per block (kBN)
 # x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16) since session 18: 1.03-1.06x BM 16 on all
 # 17 model weights of >= 8 MB at M = 4 and 8 (H200, benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json)
 BLOCK_M = (8, 16, 32, 64, 128, 256)
@@ -54,13 +54,10 @@ class _Lib:
         lib.fastnf4_wgmma_params_size.restype = ctypes.c_int
         lib.fastnf4_wgmma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_wgmma_clusters.restype = ctypes.c_int
-        lib.fastnf4_wgmma_rows.argtypes = [ctypes.c_int]
-        lib.fastnf4_wgmma_rows.restype = ctypes.c_int
         if lib.fastnf4_wgmma_params_size() != ctypes.sizeof(Params):
             raise RuntimeError("wgmma.cu Params layout differs from the ctypes mirror")
         # every variant's attributes set now: this loads the module, so a launch inside a graph capture never
         # triggers lazy loading
-        self.rows = {bm: lib.fastnf4_wgmma_rows(bm) for bm in BLOCK_M}  # weight rows per block
         self.ready = {(d, bm, nested): lib.fastnf4_wgmma_ready(d, bm, nested)
                       for d in (0, 1) for bm in BLOCK_M for nested in (0, 1)}
         # clusters of s blocks resident at once, for the cluster split-K sum (asked now, never during a capture)
@@ -150,15 +147,11 @@ def _makespan(groups: list[tuple[int, int]], slots: int) -> int:
     return max(free)
 
 
-def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: int, slots: int, m: int,
-          rows: int = ROWS) -> float:
-    """Modelled time in K steps of a block of ``rows`` weight rows (the fixed costs, priced in steps of 128 rows,
-    scaled to them)."""
+def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: int, slots: int, m: int) -> float:
     tail = n_tiles - full
-    fixed = BLOCK_COST * ROWS / rows
-    t = _makespan([(m_tiles * full, steps + fixed), (m_tiles * tail * splits, per + fixed)], slots)
+    t = _makespan([(m_tiles * full, steps + BLOCK_COST), (m_tiles * tail * splits, per + BLOCK_COST)], slots)
     if tail and splits > 1:
-        t += SUM_COST * ROWS / rows + 8 * splits * m * tail * ROWS / SUM_BYTES_PER_STEP
+        t += SUM_COST + 8 * splits * m * tail * ROWS / SUM_BYTES_PER_STEP
     return t
 
 
@@ -187,7 +180,7 @@ WIDE_TAIL_PARTS = 3
 
 
 @functools.lru_cache(maxsize=4096)  # pure; asked by every call (eager calls: up to ~140 us for the M = 128 tail search)
-def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1, rows: int = ROWS) -> tuple[int, int, int]:
+def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) -> tuple[int, int, int]:
     """(splits, steps per split, full tiles): the first ``full tiles`` weight row tiles run whole, the others
     (the tail) in ``splits`` parts over K (wgmma.cu: whole tiles first, the short split blocks fill the last wave).
 
@@ -202,7 +195,7 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1, ro
     wave and a third instead of two waves; Qwen gate_up (400 tiles) runs 396 whole and 4 in 10 parts instead of 4
     waves."""
     steps = k // STEP
-    m_tiles, n_tiles = -(-m // bm), -(-n // rows)
+    m_tiles, n_tiles = -(-m // bm), -(-n // ROWS)
     s, per = _one_wave(m_tiles * n_tiles, steps, slots)
     base = (s, per, 0 if s > 1 else n_tiles)
     if blocks_per_sm != 1:
@@ -222,7 +215,7 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1, ro
                 if s2 >= 2:
                     return s2, per2, slots
         return base
-    best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m, rows)
+    best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m)
     limit = best_cost * TAIL_GAIN
     fulls = {0} | {min(n_tiles - 1, (w * slots) // m_tiles) for w in range(1, n_tiles * m_tiles // slots + 1)}
     for full in sorted(fulls):
@@ -230,7 +223,7 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1, ro
             s2, per2 = _split_steps(steps, want)
             if s2 < 2:
                 continue
-            c = _cost(m_tiles, n_tiles, full, s2, per2, steps, slots, m, rows)
+            c = _cost(m_tiles, n_tiles, full, s2, per2, steps, slots, m)
             if c < limit and c < best_cost:
                 best, best_cost = (s2, per2, full), c
     return best
@@ -264,11 +257,10 @@ class Prepared:
         n, k = self.n, self.k
         bm = bm or block_m(m)
         steps = k // STEP
-        rows = self.lib.rows[bm]
-        n_tiles = -(-n // rows)
+        n_tiles = -(-n // ROWS)
         if splits is None:
             blocks = self.lib.ready[(_DTYPES[dtype], bm, int(self.nested))]
-            s, per, full = plan(m, n, k, self.lib.sms * blocks, bm, blocks, rows)
+            s, per, full = plan(m, n, k, self.lib.sms * blocks, bm, blocks)
         else:
             s, per = _split_steps(steps, splits)
             full = n_tiles if s == 1 else min(n_tiles - 1, full_tiles or 0)
@@ -291,12 +283,11 @@ class Prepared:
         m, n, k = x2d.shape[0], self.n, self.k
         bm, s, per, full, cluster = self.launch_plan(m, x2d.dtype, bm, splits, full_tiles, cluster)
         steps = k // STEP
-        rows = self.lib.rows[bm]
-        tail = -(-n // rows) - full
+        tail = -(-n // ROWS) - full
         m_tiles = -(-m // bm)
         if y is None:
             y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-        y32 = torch.empty(s, m, n - full * rows, dtype=torch.float32, device=x2d.device) if tail and not cluster else None
+        y32 = torch.empty(s, m, n - full * ROWS, dtype=torch.float32, device=x2d.device) if tail and not cluster else None
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
         p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per if tail else steps
         p.full_tiles, p.tail_tiles, p.cluster = full, tail, s if cluster else 0
