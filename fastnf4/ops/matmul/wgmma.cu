@@ -486,53 +486,6 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8
   return Pair<T>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
 }
 
-// "Register-table" decode (experiment, -DFASTNF4_WG_REGLUT, exact variants of BM <= kRegLutMaxBM): no shared-memory
-// table. A row's 16 values of a step, rounded once as the table decode does, are built in registers as a low-byte and
-// a high-byte plane (4 registers each: byte c = value c); the lane's byte of each of its row's 8 words is gathered
-// into two registers, and 4 codes at a time become two A registers: PRMT on the planes by the codes' low 3 bits (each
-// plane half holds 8 values), a byte mask from their bit 3 picks the half (LOP3), and two PRMT interleave low and
-// high bytes. Checked bit for bit against direct indexing in a Python model of PRMT before it ran.
-#if defined(FASTNF4_WG_REGLUT)
-constexpr bool kRegLut = true;
-#else
-constexpr bool kRegLut = false;
-#endif
-constexpr int kRegLutMaxBM = 128;
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-// the A registers of one row (words w, the lane's byte picked by gsel = t | (4 + t) << 4) with absmax a: word j goes to
-// f[4 (j / 2) + 2 (j % 2) + e] (e = 0: the lane's first row, 1: its second)
-template <typename T>
-__device__ __forceinline__ void decode_row_reglut(const float (&code)[16], uint32_t gsel, const uint32_t (&w)[8], float a,
-                                                  uint32_t (&f)[16], int e) {
-  uint32_t lo[4], hi[4];  // byte planes: value c in byte c % 4 of register c / 4
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t v0 = Pair<T>::make(__fmul_rn(code[4 * k], a), __fmul_rn(code[4 * k + 1], a));
-    const uint32_t v1 = Pair<T>::make(__fmul_rn(code[4 * k + 2], a), __fmul_rn(code[4 * k + 3], a));
-    lo[k] = prmt(v0, v1, 0x6420);
-    hi[k] = prmt(v0, v1, 0x7531);
-  }
-#pragma unroll
-  for (int g = 0; g < 2; ++g) {
-    // the lane's bytes of words 4 g .. 4 g + 3; per byte the high nibble is the lower k
-    const uint32_t x = prmt(prmt(w[4 * g], w[4 * g + 1], gsel), prmt(w[4 * g + 2], w[4 * g + 3], gsel), 0x5410);
-    const uint32_t sel = x & 0x77777777u, top = (x >> 3) & 0x11111111u;
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {  // bytes 2 q, 2 q + 1 (four codes; prmt reads the selector's low 16 bits)
-      const uint32_t s = sel >> (16 * q), m = prmt(0x0000FF00u, 0u, top >> (16 * q));
-      const uint32_t l = (prmt(lo[2], lo[3], s) & m) | (prmt(lo[0], lo[1], s) & ~m);
-      const uint32_t h = (prmt(hi[2], hi[3], s) & m) | (prmt(hi[0], hi[1], s) & ~m);
-      const int j = 4 * g + 2 * q;
-      f[4 * (j >> 1) + e] = prmt(l, h, 0x4051);
-      f[4 * (j >> 1) + 2 + e] = prmt(l, h, 0x6273);
-    }
-  }
-}
-
 // Distributed shared memory (thread block clusters, sm_90): the shared address of the same variable in the block of
 // cluster rank r, loads from it, and the cluster-wide barrier (arrive with release, wait with acquire: shared
 // memory written before it is visible to every block of the cluster after it).
@@ -670,12 +623,6 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     __syncthreads();  // barriers initialised before any copy
   }
   const float offset = kNested ? *p.offset : 0.f;
-  constexpr bool kReg = kRegLut && !kFast && BM <= kRegLutMaxBM;
-  float code_r[kReg ? 16 : 1];
-  if constexpr (kReg) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) code_r[i] = p.code[i];
-  }
 
   // hole h of the weight ring at table_s + 256 h + 128; offsets below are relative to a stage's first hole
   auto hole = [](int h) { return static_cast<uint32_t>(256 * h + 128); };
@@ -821,11 +768,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     for (int s = 0; s < 16; ++s) f[s] = wa[s & 7] ^ wb[(s + 3) & 7] ^ __float_as_uint(sa + sb);
     return;
 #endif
-    if constexpr (kReg) {
-      const uint32_t gsel = static_cast<uint32_t>(t) | (static_cast<uint32_t>(4 + t) << 4);
-      decode_row_reglut<T>(code_r, gsel, wa, sa, f, 0);
-      decode_row_reglut<T>(code_r, gsel, wb, sb, f, 1);
-    } else if constexpr (kFast) {
+    if constexpr (kFast) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         f[4 * s + 0] = decode_pair_rounded(table_s, lane_off, sel, wa[2 * s]);
