@@ -303,8 +303,9 @@ def _in_flight_fragment_writes(sass: str) -> tuple[int, list[str]]:
     """(wgmma groups seen, instructions that write an A-fragment register of an issued HGMMA group before a
     WARPGROUP.DEPBAR that waits for it): wgmma reads its register A operand asynchronously and ptxas does not
     guard it (NOTES.md sessions 8 and 9: both times the next step's decode was given the in-flight registers).
-    Groups in flight are tracked in issue order: ``DEPBAR.LE gsb0, N`` leaves the newest N of them in flight (the
-    two-row-group variants wait for all but the newest). A linear scan of each function's SASS."""
+    Groups in flight are tracked in issue order: ``DEPBAR.LE gsb0, N`` leaves the newest N of them in flight, so a
+    kernel that waits for all but the newest group (session 30's two-row-group build, 6212a90) is checked up to the
+    wait that really retires each group. A linear scan of each function's SASS."""
     import re
 
     groups, bad = 0, []
