@@ -10,7 +10,7 @@ import fastnf4
 from fastnf4 import _triton
 from fastnf4.api import linear_args
 from fastnf4.ops.dequantize import kernel as dq_kernel
-from fastnf4.ops.matmul import eager, gemv_mma, wgmma
+from fastnf4.ops.matmul import eager, gemv_mma
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -72,54 +72,6 @@ def test_chains_bitwise_equal_with_and_without_pdl(weights, graph, monkeypatch):
             g.replay()
         else:
             outs = _run(q1, q2, q3)
-        torch.cuda.synchronize()
-        for y, e in zip(outs, expect):
-            assert torch.equal(y.view(torch.int16), e.view(torch.int16))
-
-
-def _wgmma_chain(q1, p2, p3, m, force, rounds=6):
-    bufs = [torch.full(q1.shape, float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-    outs = []
-    for r in range(rounds):
-        d = bufs[r % 2]
-        fastnf4.dequantize(q1, out=d)        # write after read: the wgmma two rounds back read d
-        y = p2(d[:m], **force)               # read after write: x is what the dequantize just wrote
-        outs.append(p3(y, **force))          # read after write, wgmma to wgmma (through the split sum where forced)
-    return outs
-
-
-@pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("pdl", ["1", "2"])
-@pytest.mark.parametrize("m, force", [(16, {}), (32, {"splits": 3, "cluster": False}),
-                                      (16, {"splits": 4, "cluster": True}), (128, {})])
-def test_wgmma_chains_bitwise_equal_with_and_without_pdl(weights, graph, pdl, m, force, monkeypatch):
-    """FASTNF4_PDL_WGMMA (1: PDL launch, the code table built before the wait; 2: and the first weight steps
-    prefetched into L2 before it): the wgmma kernel (default plan, a split tail summed by the second kernel, a
-    cluster sum) in chains against the same chain launched without PDL."""
-    q1, q2, q3 = weights
-    x = torch.zeros(m, q2.shape[1], device="cuda", dtype=torch.bfloat16)
-    if not wgmma.supports(x, q2.packed_u8, q2.blocksize, *q2.shape, q2.nested_code is not None):
-        pytest.skip("wgmma kernel not available here")
-
-    def prepared(value):
-        monkeypatch.setenv("FASTNF4_PDL_WGMMA", value)
-        p2, p3 = (wgmma.Prepared(*linear_args(q)[:-1]) for q in (q2, q3))
-        assert p2.params.pdl == int(value) and p3.params.code_const == int(value != "0")
-        return p2, p3
-
-    expect = [y.clone() for y in _wgmma_chain(q1, *prepared("0"), m, force)]
-    p2, p3 = prepared(pdl)
-    for _ in range(3):
-        if graph:
-            _wgmma_chain(q1, p2, p3, m, force)  # warm-up outside the capture
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                outs = _wgmma_chain(q1, p2, p3, m, force)
-            for y in outs:
-                y.fill_(float("nan"))
-            g.replay()
-        else:
-            outs = _wgmma_chain(q1, p2, p3, m, force)
         torch.cuda.synchronize()
         for y, e in zip(outs, expect):
             assert torch.equal(y.view(torch.int16), e.view(torch.int16))

@@ -71,9 +71,6 @@ struct Params {
   long long full_tiles;        // weight row tiles computed whole (the first ones)
   long long tail_tiles;        // weight row tiles after those, split over K (0: none)
   long long cluster;           // > 1: every tile split in `cluster` parts, summed in a thread block cluster (no y32)
-  long long pdl;               // launched with programmatic stream serialization (1; 2: and the first weight steps
-                               // prefetched into L2 before the wait)
-  long long code_const;        // code is fastnf4's own table, never written by a kernel: read before the PDL wait
 };
 
 // What the kernel gets: the caller's parameters and the TMA descriptor of x (built per launch, see fastnf4_wgmma)
@@ -587,9 +584,8 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
 #if !defined(FASTNF4_WG_NO_SUM_PDL)
   // with a split tail, the sum kernel is launched as this grid's programmatic dependent: let it be put on the GPU
-  // now (it waits for this grid's completion before touching memory, see splitk_sum); likewise the next PDL
-  // launch where this one is one (p.pdl)
-  if ((p.tail_tiles > 0 && p.cluster <= 1) || p.pdl) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // now (it waits for this grid's completion before touching memory, see splitk_sum)
+  if (p.tail_tiles > 0 && p.cluster <= 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
   // (a cluster launch is a grid of (x tiles, tail_tiles, S) with clusters along z: blockIdx.z is the part)
@@ -604,33 +600,20 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   auto kstep = [&](int u) -> long long { return s_begin + u; };
 
   // code-pair table: entry v = (code[v >> 4], code[v & 15]) in float32, 16 copies (rounded-code decode: in the
-  // input dtype, 32 copies). Launched with PDL (p.pdl), every global access waits for the previous kernel
-  // (griddepcontrol.wait; a no-op otherwise) but the table's when its source is a constant (p.code_const) and,
-  // with p.pdl = 2, an L2 prefetch of the block's first weight steps (no value reaches the block before the wait;
-  // L2 is coherent with the previous kernel's writes).
+  // input dtype, 32 copies)
   {
-    auto build_table = [&]() {
-      const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
-      if constexpr (kFast) {
-        const uint32_t pr = Pair<T>::make(hi, lo);
+    const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
+    if constexpr (kFast) {
+      const uint32_t pr = Pair<T>::make(hi, lo);
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(table_s + 256 * tid + 16 * i), "r"(pr));
-      } else {
+      for (int i = 0; i < 8; ++i)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(table_s + 256 * tid + 16 * i), "r"(pr));
+    } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi),
-                       "f"(lo));
-      }
-    };
-    if (p.code_const) build_table();
-    if (p.pdl > 1 && (tid & 1) == 0 && n0 + (tid >> 1) < p.N) {
-      const uint8_t* row = p.packed + (n0 + (tid >> 1)) * (p.K / 2) + s_begin * (kStep / 2);
-      for (int u = 0; u < kWStages && u < nsteps; ++u)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + u * (kStep / 2)));
+      for (int i = 0; i < 8; ++i)
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi),
+                     "f"(lo));
     }
-    if (p.pdl) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    if (!p.code_const) build_table();
     if constexpr (kNested) ncode[tid] = p.nested_code[tid];
     if (tid == 0) {
       for (int i = 0; i < kXStages; ++i) mbar_init(bars + 8 * i, 1);
@@ -1179,30 +1162,13 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
       (cluster && (p->cluster != splits || splits > 8 || p->full_tiles != 0 || p->tail_tiles < 1)) || p->cluster < 0)
     return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)&kp};
-  // programmatic dependent launch (p->pdl): the grid may be put on the GPU while the previous kernel drains (the
-  // kernel waits for it before its global accesses)
-  cudaLaunchAttribute attr[2];
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
   if (cluster) {
-    cudaLaunchConfig_t cfg =
-        fastnf4_wg::cluster_launch(v, dim3(gx, (unsigned)p->tail_tiles, (unsigned)splits), splits, stream, &attr[0]);
-    cfg.numAttrs = p->pdl ? 2 : 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        fastnf4_wg::cluster_launch(v, dim3(gx, (unsigned)p->tail_tiles, (unsigned)splits), splits, stream, &attr);
     return (int)cudaLaunchKernelExC(&cfg, v.f, args);
   }
-  cudaError_t rc;
-  if (p->pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(gx, (unsigned)gy, 1);
-    cfg.blockDim = dim3(fastnf4_wg::kThreads);
-    cfg.dynamicSmemBytes = (size_t)v.smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr[1];
-    cfg.numAttrs = 1;
-    rc = cudaLaunchKernelExC(&cfg, v.f, args);
-  } else {
-    rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
-  }
+  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
   if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
   // split-K: the partial slices are complete when the next kernel on the stream starts
   if (dtype == 0) {

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from ... import _cuda, _triton, codebooks
+from ... import _cuda
 
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
@@ -39,7 +39,6 @@ class Params(ctypes.Structure):
         ("M", ctypes.c_longlong), ("N", ctypes.c_longlong), ("K", ctypes.c_longlong),
         ("log2_blocksize", ctypes.c_longlong), ("steps_per_split", ctypes.c_longlong),
         ("full_tiles", ctypes.c_longlong), ("tail_tiles", ctypes.c_longlong), ("cluster", ctypes.c_longlong),
-        ("pdl", ctypes.c_longlong), ("code_const", ctypes.c_longlong),
     ]
 
 
@@ -250,12 +249,6 @@ class Prepared:
             offset=offset.data_ptr() if self.nested else None, code=code.data_ptr(),
             N=n, K=k, log2_blocksize=blocksize.bit_length() - 1,
         )
-        # PDL for this kernel (opt-in while measured: FASTNF4_PDL_WGMMA=1, or 2 with the first weight steps prefetched
-        # into L2 before the wait); the code table is built before the wait when it is fastnf4's constant one
-        pdl = os.environ.get("FASTNF4_PDL_WGMMA", "0")
-        if pdl in ("1", "2") and _triton.pdl(packed.device, triton_kernel=False):
-            self.params.pdl = int(pdl)
-            self.params.code_const = int(codebooks.is_kernel_code(code))
 
     def launch_plan(self, m: int, dtype: torch.dtype, bm: int | None = None, splits: int | None = None,
                     full_tiles: int | None = None, cluster: bool | None = None) -> tuple[int, int, int, int, bool]:
