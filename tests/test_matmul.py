@@ -78,6 +78,9 @@ def test_mma_rules_keep_the_smallest_weights_off_the_gemm_kernel():
 
 def test_dispatch_table():
     assert dispatch.choose_path(1, 8192, 8192, 64) == "gemv"
+    assert dispatch.choose_path(1, 1024, 8192, 64) == "gemv"
+    assert dispatch.choose_path(2, 5376, 4096, 64) == "gemv"
+    assert dispatch.choose_path(2, 4096, 5376, 64) == "dequant+matmul"  # the Triton GEMV's M = 2 lost there
     assert dispatch.choose_path(4, 8192, 8192, 64) == "gemm"
     assert dispatch.choose_path(4, 5120, 8192, 64) == "dequant+matmul"
     assert dispatch.choose_path(16, 8192, 8192, 64) == "gemm"

@@ -26,7 +26,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | decode kernel with 20 warps x 4 stages (``WIDE_MAX_ELEMS``);    |
 |                           | the decode kernels' split-K parts are summed inside a block or  |
 |                           | a cluster of two where ``gemv_mma.local_plan`` finds a plan     |
-| 1 .. 2                    | fused Triton GEMV (``gemv_kernel``)                             |
+| 1, and 2 where N > 4096    | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
 
@@ -67,6 +67,10 @@ MMA_RULES = ((2, 0, 0), (4, 0, 6 * 2**20), (8, 0, 10 * 2**20), (16, 4096, 0), (3
 # (largest M, smallest N, smallest N * K)
 MMA_MAX_M = MMA_RULES[-1][0]
 GEMV_MAX_M = 2
+# At M = 2 the Triton GEMV (about 1.3-1.5x its M = 1 time) lost to dequantize + cuBLAS on the weights of N <= 4096
+# (H200, session 31, benchmarks/probe_triton_paths.py with the CUDA kernels off: Gemma k+v 20.6 vs 16.4 us, Gemma q
+# 31.4 vs 27.6, Qwen / Llama k+v 12.7 / 15.4 vs 11.4 / 14.2); they take dequantize + cuBLAS there
+GEMV_M2_MAX_DQ_N = 4096
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
 
@@ -191,7 +195,7 @@ def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wg
         return "mma"
     if kernel.group_elems(k, blocksize) == 0:
         return "dequant+matmul"
-    if m <= GEMV_MAX_M:
+    if m == 1 or (m <= GEMV_MAX_M and n > GEMV_M2_MAX_DQ_N):
         return "gemv"
     if m <= FUSED_GEMM_MAX_M and n >= FUSED_GEMM_MIN_N:
         return "gemm"
