@@ -26,7 +26,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | decode kernel with 20 warps x 4 stages (``WIDE_MAX_ELEMS``);    |
 |                           | the decode kernels' split-K parts are summed inside a block or  |
 |                           | a cluster of two where ``gemv_mma.local_plan`` finds a plan     |
-| 1, and 2 where N > 4096    | fused Triton GEMV (``gemv_kernel``)                             |
+| 1, and 2 where N > 4096   | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
 
