@@ -20,18 +20,13 @@ props = torch.cuda.get_device_properties(0)
 
 
 def launch(x, q, block_n, split_k, warps):
-    """launch_gemv's call with the plan given; returns (y, compiled kernel)."""
-    packed, absmax, code, blocksize, n, k, ncode, nabsmax, offset, nbs, _ = linear_args(q)
+    """kernel.launch_gemv with the plan given (NG as gemv_plan's); returns (y, compiled kernel)."""
+    n, k = q.shape
     m = x.shape[0]
-    g = kernel.group_elems(k, blocksize)
-    ng = max(1, min(256 // (g // 2), triton.next_power_of_2(k // g + 1) // 2))
+    ng = kernel.gemv_plan(m, n, k, q.blocksize, props.multi_processor_count)[1]  # (NG does not depend on BLOCK_N)
     y = torch.zeros(m, n, dtype=torch.float32, device="cuda") if split_k > 1 else torch.empty(m, n, dtype=x.dtype,
                                                                                              device="cuda")
-    ck = kernel.gemv_kernel[(triton.cdiv(n, block_n), split_k)](
-        x, packed, absmax, code, ncode, nabsmax, offset, code, y, n, k, x.stride(0), y.stride(0),
-        M=m, MP=triton.next_power_of_2(m), BLOCKSIZE=blocksize, G=g, NESTED=True, NESTED_BLOCKSIZE=nbs,
-        HAS_BIAS=False, BLOCK_N=block_n, NG=ng, SPLIT_K=split_k, INT64=(n * k >= 2**31), INTERPRET=False,
-        num_warps=warps)
+    ck = kernel.launch_gemv(x, *linear_args(q)[:-1], None, y, block_n, ng, split_k, num_warps=warps)
     return (y.to(x.dtype) if split_k > 1 else y), ck
 
 

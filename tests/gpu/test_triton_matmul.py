@@ -14,6 +14,8 @@ from fastnf4.api import linear_args
 from fastnf4.ops.matmul import dispatch, gemv_mma, wgmma
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_triton = pytest.mark.skipif(torch.cuda.is_available() and not _triton.use_triton(torch.device("cuda")),
+                                  reason="Triton not usable on this GPU")
 
 SHAPES = [  # (N, K, blocksize, double quant)
     (4096, 4096, 64, True),     # split-K plans at small M
@@ -39,8 +41,7 @@ def _case(n, k, blocksize, nested, m, dtype, bias):
     return q, x, b, ref, _rel(torch.nn.functional.linear(x, wd, b), ref)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and not _triton.use_triton(torch.device("cuda")),
-                    reason="Triton not usable on this GPU")
+@needs_triton
 @pytest.mark.parametrize("path, m", [("gemv", 1), ("gemv", 2), ("gemv", 4), ("gemm", 3), ("gemm", 8), ("gemm", 17),
                                      ("gemm", 32), ("dequant+matmul", 1), ("dequant+matmul", 64)])
 @pytest.mark.parametrize("n, k, blocksize, nested", SHAPES)
@@ -54,8 +55,7 @@ def test_forced_triton_paths_match_reference(path, m, n, k, blocksize, nested, d
     assert _rel(y, ref) <= 2 * yardstick, (_rel(y, ref), yardstick)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and not _triton.use_triton(torch.device("cuda")),
-                    reason="Triton not usable on this GPU")
+@needs_triton
 @pytest.mark.parametrize("m", [1, 2, 4, 16, 64, 300])
 def test_linear_without_the_cuda_kernels(m, monkeypatch):
     """As on a GPU without nvcc: the dispatcher's picks among the Triton paths, through the public op."""

@@ -208,10 +208,11 @@ def gemv_plan(m: int, n: int, k: int, blocksize: int, sms: int):
 
 def launch_gemv(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
                 bias, y, block_n, ng, split_k, num_warps=4, interpret=False):
-    """y[M, N] for M <= 4; with split_k > 1, ``y`` is a zeroed float32 buffer and the bias is not added."""
+    """y[M, N] for M <= 4; with split_k > 1, ``y`` is a zeroed float32 buffer and the bias is not added. Returns
+    Triton's handle of the launched kernel (its registers and spills, for probes)."""
     m = x2d.shape[0]
     nested = nested_code is not None
-    gemv_kernel[(triton.cdiv(n, block_n), split_k)](
+    return gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2d, packed, absmax, code, nested_code if nested else code, nested_absmax if nested else absmax,
         offset if nested else code, bias if bias is not None else code, y,
         n, k, x2d.stride(0), y.stride(0),
