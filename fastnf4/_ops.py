@@ -273,3 +273,30 @@ def linear(x: torch.Tensor, *args) -> torch.Tensor:
 def _(x, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias):
     check_linear_args(x, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias)
     return x.new_empty(*x.shape[:-1], n)
+
+
+# Autograd: the NF4 weight is frozen (as bitsandbytes' MatMul4Bit, which QLoRA trains through): gradients flow to x
+# and the bias only. grad_x = grad_y @ dequant(W), computed as bitsandbytes does it, by dequantizing W into the
+# gradient's dtype and one dense matmul (the dequantized copy lives only for the call); grad_bias = grad_y summed over
+# the rows. Both are built from differentiable torch ops, so double backward through grad_y works too.
+def _linear_setup_context(ctx, inputs, output):
+    x, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias = inputs
+    ctx.save_for_backward(packed, absmax, code, nested_code, nested_absmax, offset)
+    ctx.meta = (blocksize, n, k, nested_blocksize, x.shape, bias is not None)
+
+
+def _linear_backward(ctx, grad):
+    packed, absmax, code, nested_code, nested_absmax, offset = ctx.saved_tensors
+    blocksize, n, k, nested_blocksize, x_shape, has_bias = ctx.meta
+    grad2d = grad.reshape(-1, n)
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        w = dequantize_4bit(packed, absmax, code, blocksize, n * k, grad.dtype, nested_code, nested_absmax, offset,
+                            nested_blocksize).view(n, k)
+        grad_x = (grad2d @ w).view(x_shape)
+    if has_bias and ctx.needs_input_grad[11]:
+        grad_bias = grad2d.sum(0)
+    return grad_x, None, None, None, None, None, None, None, None, None, None, grad_bias
+
+
+linear_op.register_autograd(_linear_backward, setup_context=_linear_setup_context)

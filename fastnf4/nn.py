@@ -37,6 +37,12 @@ class Linear4bit(torch.nn.Module):
         bias = layer.bias.detach() if layer.bias is not None else None
         return cls(q, bias, compute_dtype)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The packed NF4 bytes (uint8, read-only), as bitsandbytes' ``Linear4bit.weight`` holds them: code that
+        looks up a layer's device through ``.weight`` (PEFT does) finds it here. The weight itself is ``weight_nf4``."""
+        return self.weight_nf4.packed
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.compute_dtype or x.dtype
         bias = self.bias.to(dtype) if self.bias is not None and self.bias.dtype != dtype else self.bias

@@ -1,0 +1,128 @@
+"""Training through NF4 layers on the GPU. fastnf4.linear's backward (to x and the bias; the weight is frozen) on
+every forward path (decode kernels, GEMM kernels, dequantize + cuBLAS) against a float64 reference, within 2x the
+error of the same backward through a dense linear on the dequantized weight; and an unmodified PEFT QLoRA step on a
+transformers + bitsandbytes model, patched against unpatched (fastnf4 kernels counted in forward and backward)."""
+import pytest
+import torch
+
+import fastnf4
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+
+def _rel(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 17, 64, 300, 600])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n, k, nested", [(1024, 2048, True), (1000, 576, False)])
+def test_backward_every_path(m, dtype, n, k, nested):
+    g = torch.Generator(device="cuda").manual_seed(7 * m + n + k)
+    q = fastnf4.quantize((torch.randn(n, k, device="cuda", generator=g) * 0.02).to(dtype), double_quant=nested)
+    wd = fastnf4.dequantize(q, dtype)
+    x0 = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+    b0 = (torch.randn(n, device="cuda", generator=g) * 0.1).to(dtype)
+    gy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+    ref_x, ref_b = gy.double() @ wd.double(), gy.double().sum(0)
+
+    xd, bd = x0.clone().requires_grad_(), b0.clone().requires_grad_()
+    torch.nn.functional.linear(xd, wd, bd).backward(gy)
+    x, b = x0.clone().requires_grad_(), b0.clone().requires_grad_()
+    y = fastnf4.linear(x, q, b)
+    y.backward(gy)
+    torch.cuda.synchronize()
+    assert torch.equal(y.detach(), fastnf4.linear(x0, q, b0))  # the op's forward = the plain (cached-launch) call
+    assert _rel(x.grad, ref_x) <= 2 * _rel(xd.grad, ref_x), (_rel(x.grad, ref_x), _rel(xd.grad, ref_x))
+    assert _rel(b.grad, ref_b) <= 2 * _rel(bd.grad, ref_b) + 1e-6, (_rel(b.grad, ref_b), _rel(bd.grad, ref_b))
+
+
+def test_peft_qlora_step_runs_on_fastnf4(tiny_llama_checkpoint, bnb_load):
+    """PEFT LoRA on every linear of a bitsandbytes 4-bit Llama, one training step (loss and backward) unpatched and
+    then patched on the same model and adapters: the patched step runs its 4-bit matmuls (forward, gemm_4bit) and its
+    weight dequantizations (backward, dequantize_4bit) on fastnf4, with loss and adapter gradients within GEMM
+    rounding of bitsandbytes' own step."""
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    from fastnf4.integrations import bitsandbytes as integ
+
+    fastnf4.unpatch_bitsandbytes()
+    model = bnb_load(tiny_llama_checkpoint)
+    torch.manual_seed(1)
+    cfg = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, init_lora_weights=False,  # B != 0: A gets gradients
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    model = peft.get_peft_model(model, cfg)
+    ids = torch.randint(0, 1000, (2, 24), device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    loss0, grads0 = step()
+    print(f"loss {loss0:.6f}", end=" ")
+    fastnf4.patch_bitsandbytes(("cuda",))
+    integ.CALLS.clear()
+    try:
+        loss1, grads1 = step()
+        calls = dict(integ.CALLS)
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+    # 2 layers x 7 linears forward; backward dequantizes where the layer's input needs a gradient: not at layer 0's
+    # q / k / v, whose input (the frozen embeddings through a frozen norm) needs none
+    assert calls.get("gemm_4bit", 0) == 14 and calls.get("dequantize_4bit", 0) == 11, calls
+    assert len(grads0) == 28 and grads0.keys() == grads1.keys()  # lora_A and lora_B of 14 linears
+    assert abs(loss1 - loss0) / abs(loss0) < 2e-2, (loss0, loss1)
+    g0 = torch.cat([g.flatten() for g in grads0.values()])
+    g1 = torch.cat([grads1[n].flatten() for n in grads0])
+    assert g0.norm() > 0
+    rel = ((g1 - g0).norm() / g0.norm()).item()
+    print(f"patched {loss1:.6f}, adapter gradients rel {rel:.2e}")
+    assert rel < 2e-2, rel
+
+
+def test_peft_on_fastnf4_layers_matches_bnb_qlora(tiny_llama_checkpoint, bnb_load):
+    """The same QLoRA step without bitsandbytes: the checkpoint loaded into fastnf4 Linear4bit layers
+    (load_and_quantize), LoRA added through fastnf4.integrations.peft, against PEFT on the bitsandbytes model
+    (unpatched) with the same adapters: the same NF4 bytes, loss and adapter gradients within GEMM rounding."""
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    from fastnf4.integrations import peft as fpeft
+    from fastnf4.integrations.transformers import load_and_quantize
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    fastnf4.unpatch_bitsandbytes()
+    torch.manual_seed(1)
+    ref = peft.get_peft_model(bnb_load(tiny_llama_checkpoint),
+                              peft.LoraConfig(r=8, lora_alpha=16, init_lora_weights=False, target_modules=targets))
+    base = load_and_quantize(tiny_llama_checkpoint, device="cuda")
+    torch.manual_seed(1)
+    own = fpeft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
+                                                     target_modules=targets))
+    layer = own.base_model.model.model.layers[1].mlp.down_proj
+    assert type(layer).__name__ == "LoraLinear4bit"
+    ref_layer = ref.base_model.model.model.layers[1].mlp.down_proj
+    assert torch.equal(layer.base_layer.weight.view(torch.uint8).flatten(),
+                       ref_layer.base_layer.weight.data.view(torch.uint8).flatten())  # the same NF4 bytes
+    own_trainable = {n: p for n, p in own.named_parameters() if p.requires_grad}
+    ref_trainable = {n: p for n, p in ref.named_parameters() if p.requires_grad}
+    assert own_trainable.keys() == ref_trainable.keys() and len(own_trainable) == 28
+    for n, p in own_trainable.items():  # the same adapters (same seed, dtype and device)
+        assert p.dtype == ref_trainable[n].dtype and p.device == ref_trainable[n].device
+        assert torch.equal(p, ref_trainable[n]), n
+
+    ids = torch.randint(0, 1000, (2, 24), device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
+    losses, grads = [], []
+    for model in (ref, own):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad.float().flatten() for n, p in model.named_parameters() if p.requires_grad})
+    g0, g1 = (torch.cat([g[n] for n in sorted(g)]) for g in grads)
+    rel = ((g1 - g0).norm() / g0.norm()).item()
+    print(f"loss bnb {losses[0]:.6f} fastnf4 {losses[1]:.6f}, adapter gradients rel {rel:.2e}")
+    assert abs(losses[1] - losses[0]) / abs(losses[0]) < 2e-2, losses
+    assert g0.norm() > 0 and rel < 2e-2, rel

@@ -1,0 +1,122 @@
+"""PEFT LoRA on fastnf4's own NF4 layers (fastnf4.integrations.peft): the LoRA layer's output and adapter gradients
+against a float64 computation on the dequantized weight, training, disabling, merging and a saved adapter loaded
+back. On CPU the NF4 matmuls run the Triton kernels in the interpreter."""
+import pytest
+import torch
+
+import fastnf4
+from fastnf4 import _triton
+
+peft = pytest.importorskip("peft")
+from fastnf4.integrations import peft as fpeft  # noqa: E402
+
+needs_triton = pytest.mark.skipif(not _triton.use_triton(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(64, 48, bias=False)
+        self.v = torch.nn.Linear(48, 64)
+        self.head = torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.head(torch.nn.functional.gelu(self.v(torch.nn.functional.gelu(self.q(x)))))
+
+
+def nf4_model(seed=0):
+    torch.manual_seed(seed)
+    return fastnf4.quantize_model(Block(), skip=("head",))
+
+
+def lora(model, seed=1, **kw):
+    torch.manual_seed(seed)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"], init_lora_weights=False, **kw)
+    return fpeft.get_peft_model(model, cfg)
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+@needs_triton
+def test_lora_layer_output_and_gradients(rng):
+    model = lora(nf4_model())
+    layer = model.base_model.model.q
+    assert type(layer).__name__ == "LoraLinear4bit" and isinstance(layer.base_layer, fastnf4.nn.Linear4bit)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {f"base_model.model.{m}.lora_{ab}.default.weight" for m in ("q", "v") for ab in "AB"}
+
+    x = torch.randn(5, 64, generator=rng, requires_grad=True)
+    y = layer(x)
+    g = torch.randn(5, 48, generator=rng)
+    y.backward(g)
+    # float64 reference: the dequantized weight plus the adapter, by autograd
+    w = fastnf4.dequantize(layer.base_layer.weight_nf4).double()
+    a = layer.lora_A["default"].weight.detach().double().requires_grad_()
+    b = layer.lora_B["default"].weight.detach().double().requires_grad_()
+    xd = x.detach().double().requires_grad_()
+    ref = xd @ w.T + (xd @ a.T @ b.T) * layer.scaling["default"]
+    ref.backward(g.double())
+    assert rel_err(y, ref.detach()) < 1e-5
+    assert rel_err(x.grad, xd.grad) < 1e-5
+    assert rel_err(layer.lora_A["default"].weight.grad, a.grad) < 1e-5
+    assert rel_err(layer.lora_B["default"].weight.grad, b.grad) < 1e-5
+
+
+@needs_triton
+def test_training_disable_and_merge(rng):
+    model = lora(nf4_model())
+    x = torch.randn(16, 64, generator=rng)
+    target = torch.randn(16, 8, generator=rng)
+    frozen = model.base_model.model.q.base_layer.weight_nf4.packed_u8.clone()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(6):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    assert torch.equal(model.base_model.model.q.base_layer.weight_nf4.packed_u8, frozen)
+
+    with torch.no_grad():
+        tuned = model(x)
+        with model.disable_adapter():  # exactly the NF4 model without adapters
+            plain = model(x)
+        base = nf4_model()
+        base.head.load_state_dict(model.base_model.model.head.state_dict())
+        assert torch.equal(plain, base(x))
+        # merged: the weight dequant(W) + B A s quantized again (one more round of 4-bit rounding)
+        layer = model.base_model.model.q
+        want = fastnf4.dequantize(layer.base_layer.weight_nf4) + layer.get_delta_weight("default")
+        with pytest.warns(UserWarning, match="quantizes the merged weight"):
+            merged = model.merge_and_unload()
+        assert isinstance(merged.q, fastnf4.nn.Linear4bit) and isinstance(merged.v, fastnf4.nn.Linear4bit)
+        got = fastnf4.dequantize(merged.q.weight_nf4)
+        assert rel_err(got, want.double()) < 0.15  # NF4's own rounding error on such weights is ~0.1
+        assert rel_err(merged(x), tuned.double()) < 0.1
+        assert rel_err(merged(x), plain.double()) > 2 * rel_err(merged(x), tuned.double())  # the adapter is in
+
+
+@needs_triton
+def test_saved_adapter_loads_back(tmp_path, rng):
+    model = lora(nf4_model())
+    x = torch.randn(4, 64, generator=rng)
+    with torch.no_grad():
+        want = model(x)
+    model.save_pretrained(tmp_path)
+    config = fpeft.register(peft.LoraConfig.from_pretrained(tmp_path))
+    loaded = peft.PeftModel.from_pretrained(nf4_model(), tmp_path, config=config)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), want)
+
+
+def test_unsupported_settings_are_refused():
+    with pytest.raises(ValueError, match="lora_bias"):
+        lora(nf4_model(), lora_bias=True)
+    with pytest.raises(ValueError, match="use_dora|variant"):
+        lora(nf4_model(), use_dora=True)
+    with pytest.raises(TypeError, match="LoraConfig"):
+        fpeft.register(object())
