@@ -5,8 +5,10 @@ cut to LAYERS, random weights, batch B x sequence T tokens, in ROUNDS alternatin
 - "fastnf4": the same checkpoint as fastnf4 Linear4bit layers, LoRA through fastnf4.integrations.peft.
 Loss values are checked against each other first (same quantized bytes and adapter seed: GEMM rounding apart).
 Times are CUDA-event medians of STEPS steps after 2 warm-up steps; the optimizer step is left out (the same for all).
+FASTNF4_PROBE_PROFILE=1 adds one profiled step per set-up (GPU time by kernel, torch.profiler).
 usage: probe_qlora.py MODEL LAYERS ROUNDS B T STEPS [JSON]"""
 import json
+import os
 import statistics
 import sys
 
@@ -78,6 +80,27 @@ for r in range(rounds):
         losses = [x["loss"] for x in res["rounds"]]
         assert max(abs(v - losses[0]) for v in losses) < 2e-2 * abs(losses[0]), losses
         assert res["rounds"][1]["fastnf4_patch_calls"] > 0 and res["rounds"][0]["fastnf4_patch_calls"] == 0
+if os.environ.get("FASTNF4_PROBE_PROFILE") == "1":  # where each set-up's step time goes, kernel by kernel
+    from torch.profiler import ProfilerActivity, profile
+
+    res["profile"] = {}
+    for label, patched in setups:
+        (fastnf4.patch_bitsandbytes if patched else fastnf4.unpatch_bitsandbytes)()
+        model = models["fastnf4" if label == "fastnf4" else "bnb"]
+        step(model)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(model)
+            torch.cuda.synchronize()
+        kernels = {}
+        for e in prof.key_averages():
+            if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
+                kernels[e.key] = (e.self_device_time_total, e.count)
+        busy = sum(t for t, _ in kernels.values())
+        top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:8]
+        res["profile"][label] = {"gpu_busy_us": busy, "kernels": {k: list(v) for k, v in kernels.items()}}
+        print(f"{label}: GPU busy {busy / 1e3:.2f} ms in {sum(c for _, c in kernels.values())} kernels; top: "
+              + "; ".join(f"{k[:40]} {t / 1e3:.2f} ms x{c}" for k, (t, c) in top), flush=True)
 fastnf4.unpatch_bitsandbytes()
 best = {label: min(x["step_us"] for x in res["rounds"] if x["setup"] == label) for label, _ in setups}
 res["best_step_us"] = best
