@@ -262,9 +262,10 @@ def linear(x: torch.Tensor, *args) -> torch.Tensor:
     linear cost. The op itself is what torch.compile, fake tensors, autograd and dispatch modes (profilers,
     FlopCounter) must see, so the shortcut is taken only for a plain tensor outside all of those.
     """
+    bias = args[-1]
     if (type(x) is torch.Tensor and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not (x.requires_grad and torch.is_grad_enabled()) and not torch._C._len_torch_dispatch_stack()
-            and not torch._C._is_torch_function_mode_enabled()):
+            and not (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))
+            and not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()):
         return _linear_impl(x, *args)
     return linear_op(x, *args)
 

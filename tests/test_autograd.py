@@ -124,3 +124,26 @@ def test_training_through_quantized_layers(rng):
     assert losses[-1] < losses[0], losses
     assert all(torch.equal(model[i].weight_nf4.packed_u8, f) for i, f in zip((2, 4), frozen))
     assert model[2].bias.grad is None  # the layers' biases are frozen as in bitsandbytes (requires_grad=False)
+
+
+@needs_triton
+def test_a_bias_that_needs_a_gradient_takes_the_op(monkeypatch, rng):
+    """The plain-eager shortcuts (``_ops.linear``'s direct call, the cached CUDA launches of ``ops/matmul/eager.py``)
+    return no graph; a bias that needs a gradient must send the call through the custom op even when x needs none
+    (on the GPU the fused kernels add the bias themselves: a shortcut there would drop its gradient silently)."""
+    from fastnf4.ops.matmul import eager
+
+    q = fastnf4.quantize(torch.randn(24, 64, generator=rng) * 0.05, double_quant=True)
+    x = torch.randn(3, 64, generator=rng)
+    b = torch.zeros(24, requires_grad=True)
+
+    def shortcut(*a, **k):
+        raise AssertionError("plain-eager shortcut taken")
+
+    monkeypatch.setattr(_ops, "_linear_impl", shortcut)  # the op keeps its own reference to the implementation
+    y = _ops.linear(x, *linear_args(q, b))
+    assert y.requires_grad
+    assert eager.try_linear(x.cuda() if torch.cuda.is_available() else x, q, b) is None
+    g = torch.randn(3, 24, generator=rng)
+    y.backward(g)
+    assert torch.allclose(b.grad, g.sum(0))

@@ -39,6 +39,22 @@ def test_backward_every_path(m, dtype, n, k, nested):
     assert _rel(b.grad, ref_b) <= 2 * _rel(bd.grad, ref_b) + 1e-6, (_rel(b.grad, ref_b), _rel(bd.grad, ref_b))
 
 
+@pytest.mark.parametrize("m", [1, 2, 17, 300])
+def test_bias_gradient_without_x_gradient(m):
+    """Only the bias needs a gradient (x does not): the fused kernels add the bias themselves, so the call must still
+    go through the op's autograd (not a plain-eager shortcut), with the bits of the plain call."""
+    g = torch.Generator(device="cuda").manual_seed(m)
+    q = fastnf4.quantize((torch.randn(1024, 2048, device="cuda", generator=g) * 0.02).to(torch.bfloat16))
+    x = torch.randn(m, 2048, device="cuda", generator=g).to(torch.bfloat16)
+    b0 = (torch.randn(1024, device="cuda", generator=g) * 0.1).to(torch.bfloat16)
+    b = b0.clone().requires_grad_()
+    gy = torch.randn(m, 1024, device="cuda", generator=g).to(torch.bfloat16)
+    y = fastnf4.linear(x, q, b)
+    assert y.requires_grad and torch.equal(y.detach(), fastnf4.linear(x, q, b0))
+    y.backward(gy)
+    assert _rel(b.grad, gy.double().sum(0)) < 1e-2
+
+
 def test_peft_qlora_step_runs_on_fastnf4(tiny_llama_checkpoint, bnb_load):
     """PEFT LoRA on every linear of a bitsandbytes 4-bit Llama, one training step (loss and backward) unpatched and
     then patched on the same model and adapters: the patched step runs its 4-bit matmuls (forward, gemm_4bit) and its
