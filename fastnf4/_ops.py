@@ -259,13 +259,17 @@ def linear(x: torch.Tensor, *args) -> torch.Tensor:
 
     Going through the custom op costs ~50 us of host time per call (measured on the H200 host: 71 us vs
     22 us for the kernel launcher alone, benchmarks/probe_host.py), which is most of an eager decode step's
-    linear cost. The op itself is what torch.compile, fake tensors, autograd and dispatch modes (profilers,
-    FlopCounter) must see, so the shortcut is taken only for a plain tensor outside all of those.
+    linear cost, and with autograd its Python wrappers cost more (a forward + backward of a small weight: 1071 us of
+    host time against bitsandbytes' 563, benchmarks/probe_train_host.py). The op itself is what torch.compile, fake
+    tensors and dispatch modes (profilers, FlopCounter) must see, so the shortcuts are taken only for a plain tensor
+    outside all of those: the implementation itself, or, where a gradient is wanted, ``_LinearFunction`` (the op's
+    own backward formula in a plain ``autograd.Function``).
     """
-    bias = args[-1]
     if (type(x) is torch.Tensor and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))
             and not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()):
+        bias = args[-1]
+        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+            return _LinearFunction.apply(x, *args)
         return _linear_impl(x, *args)
     return linear_op(x, *args)
 
@@ -292,12 +296,32 @@ def _linear_backward(ctx, grad):
     grad2d = grad.reshape(-1, n)
     grad_x = grad_bias = None
     if ctx.needs_input_grad[0]:
-        w = dequantize_4bit(packed, absmax, code, blocksize, n * k, grad.dtype, nested_code, nested_absmax, offset,
-                            nested_blocksize).view(n, k)
-        grad_x = (grad2d @ w).view(x_shape)
+        args = (packed, absmax, code, blocksize, n * k, grad.dtype, nested_code, nested_absmax, offset, nested_blocksize)
+        if getattr(ctx, "eager", False):  # _LinearFunction: the dequantize without its op's dispatch
+            w = torch.empty(n * k, dtype=grad.dtype, device=packed.device)
+            _dequantize_into(w, *args[:5], *args[6:])
+        else:
+            w = dequantize_4bit(*args)
+        grad_x = (grad2d @ w.view(n, k)).view(x_shape)
     if has_bias and ctx.needs_input_grad[11]:
         grad_bias = grad2d.sum(0)
     return grad_x, None, None, None, None, None, None, None, None, None, None, grad_bias
 
 
 linear_op.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+class _LinearFunction(torch.autograd.Function):
+    """``fastnf4::linear`` with its autograd formula, for plain eager calls (see ``linear``): the same forward
+    (``_linear_impl``, which checks the arguments) and the same backward, without the custom op's dispatch."""
+
+    @staticmethod
+    def forward(ctx, x, *args):
+        y = _linear_impl(x, *args)
+        _linear_setup_context(ctx, (x, *args), y)
+        ctx.eager = True
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _linear_backward(ctx, grad)

@@ -24,9 +24,10 @@ def grads(fn, x0, b0, g):
 
 
 @needs_triton
+@pytest.mark.parametrize("via", ["eager", "op"])  # plain eager calls take _LinearFunction, traced ones the custom op
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("nested, blocksize", [(True, 64), (False, 128), (True, 4096)])
-def test_backward_matches_reference(dtype, nested, blocksize, rng):
+def test_backward_matches_reference(via, dtype, nested, blocksize, rng):
     n, k = 40, 192
     q = fastnf4.quantize((torch.randn(n, k, generator=rng) * 0.05).to(dtype), blocksize=blocksize, double_quant=nested)
     wd = fastnf4.dequantize(q)  # what a dense layer would be given
@@ -37,7 +38,11 @@ def test_backward_matches_reference(dtype, nested, blocksize, rng):
 
     _, dense_x, dense_b = grads(lambda x, b: torch.nn.functional.linear(x, wd, b), x0, b0, g)
     packed0 = q.packed_u8.clone()
-    y, gx, gb = grads(lambda x, b: fastnf4.linear(x, q, b), x0, b0, g)
+    if via == "eager":
+        y, gx, gb = grads(lambda x, b: fastnf4.linear(x, q, b), x0, b0, g)
+        assert type(y.grad_fn).__name__ == "_LinearFunctionBackward"
+    else:
+        y, gx, gb = grads(lambda x, b: _ops.linear_op(x, *linear_args(q, b)), x0, b0, g)
 
     assert gx.shape == x0.shape and gx.dtype == dtype and gb.shape == (n,) and gb.dtype == dtype
     assert rel_err(gx, ref_x) <= 2 * rel_err(dense_x, ref_x) + 1e-12, (rel_err(gx, ref_x), rel_err(dense_x, ref_x))
@@ -127,22 +132,17 @@ def test_training_through_quantized_layers(rng):
 
 
 @needs_triton
-def test_a_bias_that_needs_a_gradient_takes_the_op(monkeypatch, rng):
+def test_a_bias_that_needs_a_gradient_takes_the_autograd_path(rng):
     """The plain-eager shortcuts (``_ops.linear``'s direct call, the cached CUDA launches of ``ops/matmul/eager.py``)
-    return no graph; a bias that needs a gradient must send the call through the custom op even when x needs none
-    (on the GPU the fused kernels add the bias themselves: a shortcut there would drop its gradient silently)."""
+    return no graph; a bias that needs a gradient must send the call through the autograd formula even when x needs
+    none (on the GPU the fused kernels add the bias themselves: a shortcut there would drop its gradient silently)."""
     from fastnf4.ops.matmul import eager
 
     q = fastnf4.quantize(torch.randn(24, 64, generator=rng) * 0.05, double_quant=True)
     x = torch.randn(3, 64, generator=rng)
     b = torch.zeros(24, requires_grad=True)
-
-    def shortcut(*a, **k):
-        raise AssertionError("plain-eager shortcut taken")
-
-    monkeypatch.setattr(_ops, "_linear_impl", shortcut)  # the op keeps its own reference to the implementation
-    y = _ops.linear(x, *linear_args(q, b))
-    assert y.requires_grad
+    y = fastnf4.linear(x, q, b)
+    assert type(y.grad_fn).__name__ == "_LinearFunctionBackward"  # not the bias add of the CPU path's own code
     assert eager.try_linear(x.cuda() if torch.cuda.is_available() else x, q, b) is None
     g = torch.randn(3, 24, generator=rng)
     y.backward(g)
