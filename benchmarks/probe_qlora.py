@@ -67,7 +67,7 @@ def timed(model) -> tuple[float, float]:
 
 
 setups = (("bnb", False), ("bnb+fastnf4", True), ("fastnf4", False))
-res = {"env": environment(), "model": name, "layers": layers, "batch": batch, "length": length, "lora_r": 16, "rounds": []}
+res = {"env": {**environment(), "peft": peft.__version__}, "model": name, "layers": layers, "batch": batch, "length": length, "lora_r": 16, "rounds": []}
 for r in range(rounds):
     for label, patched in setups:
         (fastnf4.patch_bitsandbytes if patched else fastnf4.unpatch_bitsandbytes)()
