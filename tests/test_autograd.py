@@ -147,3 +147,23 @@ def test_a_bias_that_needs_a_gradient_takes_the_autograd_path(rng):
     g = torch.randn(3, 24, generator=rng)
     y.backward(g)
     assert torch.allclose(b.grad, g.sum(0))
+
+
+@needs_triton
+def test_gradient_checkpointing_gives_the_same_gradients(rng):
+    """Activation checkpointing (as QLoRA recipes enable) recomputes the forward in backward: the kernels' results
+    do not depend on timing, so the gradients are those of the plain backward, bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    block = fastnf4.quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(),
+                                                       torch.nn.Linear(96, 64)), skip=())
+    x0 = torch.randn(6, 64, generator=rng)
+    g = torch.randn(6, 64, generator=rng)
+    out = []
+    for ckpt in (False, True):
+        x = x0.clone().requires_grad_()
+        y = checkpoint(block, x, use_reentrant=False) if ckpt else block(x)
+        y.backward(g)
+        out.append((y.detach(), x.grad))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
