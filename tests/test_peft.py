@@ -120,3 +120,24 @@ def test_unsupported_settings_are_refused():
         lora(nf4_model(), use_dora=True)
     with pytest.raises(TypeError, match="LoraConfig"):
         fpeft.register(object())
+
+
+@needs_triton
+def test_all_linear_takes_the_nf4_layers():
+    """PEFT's "all-linear" knows only its own layer types; fastnf4's get_peft_model counts the NF4 layers as linear
+    (and, for a transformers model, leaves lm_head out as PEFT does)."""
+    model = fpeft.get_peft_model(nf4_model(), peft.LoraConfig(r=4, target_modules="all-linear"))
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    inner = model.base_model.model
+    assert type(inner.q).__name__ == type(inner.v).__name__ == "LoraLinear4bit"
+    assert type(inner.head) is LoraLinear  # a dense nn.Linear of a plain module: PEFT's own LoRA layer, as PEFT does
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    llama = fastnf4.quantize_model(transformers.LlamaForCausalLM(cfg))  # lm_head stays dense (DEFAULT_SKIP)
+    wrapped = fpeft.get_peft_model(llama, peft.LoraConfig(r=4, target_modules="all-linear"))
+    lora_layers = {n.rsplit(".", 1)[-1] for n, m in wrapped.named_modules() if type(m).__name__ == "LoraLinear4bit"}
+    assert lora_layers == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert type(wrapped.base_model.model.lm_head) is torch.nn.Linear  # not wrapped

@@ -8,7 +8,7 @@ PEFT does not know that layer type, so :class:`LoraLinear4bit` is handed to the 
 
     from peft import LoraConfig
     from fastnf4.integrations.peft import get_peft_model
-    model = get_peft_model(model, LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))   # names, not "all-linear"
+    model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))   # or a list of names
 
     # an adapter saved from such a model loads back with the config registered the same way:
     config = register(LoraConfig.from_pretrained(path))
@@ -141,8 +141,24 @@ def register(config):
     return config
 
 
+def _all_linear(model: torch.nn.Module) -> set[str]:
+    """What PEFT's "all-linear" means, with fastnf4's layers counted as linear: every Linear4bit and nn.Linear by its
+    full name, except the output embedding (lm_head) of a model that has one."""
+    names = {n for n, m in model.named_modules() if isinstance(m, (Linear4bit, torch.nn.Linear))}
+    get_out = getattr(model, "get_output_embeddings", None)
+    out = get_out() if callable(get_out) else None
+    if out is not None:
+        names -= {n for n, m in model.named_modules() if m is out}
+    return names
+
+
 def get_peft_model(model: torch.nn.Module, config, **kwargs):
-    """``peft.get_peft_model`` with fastnf4's NF4 layers registered in ``config`` (see :func:`register`)."""
+    """``peft.get_peft_model`` with fastnf4's NF4 layers registered in ``config`` (see :func:`register`).
+    ``target_modules="all-linear"`` takes fastnf4's layers too (PEFT's own expansion knows only its layer types and
+    would leave every NF4 layer out)."""
     import peft
 
+    target = getattr(config, "target_modules", None)
+    if isinstance(target, str) and target.lower() == "all-linear":
+        config.target_modules = _all_linear(model)
     return peft.get_peft_model(model, register(config), **kwargs)
