@@ -44,12 +44,17 @@ class Linear4bit(torch.nn.Module):
         return self.weight_nf4.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = self.compute_dtype or x.dtype
+        # computes in compute_dtype (default: x's) and returns x's dtype, as bitsandbytes' Linear4bit does (a model
+        # whose other parameters were upcast to float32, as PEFT's QLoRA preparation does, keeps float32 activations)
+        in_dtype = x.dtype
+        dtype = self.compute_dtype or in_dtype
         bias = self.bias.to(dtype) if self.bias is not None and self.bias.dtype != dtype else self.bias
-        if x.dtype != dtype:
+        if in_dtype != dtype:
             x = x.to(dtype)
         y = try_linear(x, self.weight_nf4, bias)  # eager decode/prefill: the launch prepared for this layer
-        return y if y is not None else linear(x, self.weight_nf4, bias)
+        if y is None:
+            y = linear(x, self.weight_nf4, bias)
+        return y if y.dtype == in_dtype else y.to(in_dtype)
 
     def extra_repr(self) -> str:
         q = self.weight_nf4

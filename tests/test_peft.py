@@ -141,3 +141,38 @@ def test_all_linear_takes_the_nf4_layers():
     lora_layers = {n.rsplit(".", 1)[-1] for n, m in wrapped.named_modules() if type(m).__name__ == "LoraLinear4bit"}
     assert lora_layers == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert type(wrapped.base_model.model.lm_head) is torch.nn.Linear  # not wrapped
+
+
+@needs_triton
+def test_qlora_recipe_on_fastnf4_layers(monkeypatch, rng):
+    """The usual QLoRA recipe on a transformers model with fastnf4 layers: prepare_model_for_kbit_training (which
+    upcasts the other parameters to float32), a bf16 compute dtype on the NF4 layers (as bnb_4bit_compute_dtype),
+    gradient checkpointing, all-linear LoRA: a training step runs, the NF4 matmuls stay bf16, the adapters learn."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = fastnf4.quantize_model(transformers.LlamaForCausalLM(cfg).to(torch.bfloat16), compute_dtype=torch.bfloat16)
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = fpeft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
+    seen = []
+    real = fastnf4.nn.linear
+
+    def recording(x, q, bias=None):
+        seen.append(x.dtype)
+        return real(x, q, bias)
+
+    monkeypatch.setattr(fastnf4.nn, "linear", recording)
+    ids = torch.randint(0, 128, (2, 16), generator=rng)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert seen and set(seen) == {torch.bfloat16}  # the NF4 matmuls, in forward and in the checkpointed recompute
+    assert model.base_model.model.model.norm.weight.dtype == torch.float32  # what the recipe does to the rest
+    assert losses[-1] < losses[0], losses

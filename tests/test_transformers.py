@@ -108,3 +108,15 @@ def test_compiled_forward_has_no_graph_break():
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
         assert torch.equal(compiled(x), layer(x))
+
+
+def test_linear4bit_computes_in_compute_dtype_and_returns_the_input_dtype(rng):
+    """As bitsandbytes' Linear4bit: x is cast to compute_dtype for the matmul and the result back to x's dtype."""
+    q = fastnf4.quantize((torch.randn(24, 64, generator=rng) * 0.05).to(torch.bfloat16))
+    bias = (torch.randn(24, generator=rng) * 0.1).to(torch.bfloat16)
+    layer = Linear4bit(q, bias, compute_dtype=torch.bfloat16)
+    x = torch.randn(3, 64, generator=rng)  # float32 activations
+    y = layer(x)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, fastnf4.linear(x.to(torch.bfloat16), q, bias).float())
+    assert Linear4bit(q, bias)(x.to(torch.bfloat16)).dtype == torch.bfloat16  # default: compute in x's dtype
