@@ -161,3 +161,27 @@ def test_peft_on_fastnf4_layers_matches_bnb_qlora(tiny_llama_checkpoint, bnb_loa
     print(f"loss bnb {losses[0]:.6f} fastnf4 {losses[1]:.6f}, adapter gradients rel {rel:.2e}")
     assert abs(losses[1] - losses[0]) / abs(losses[0]) < 2e-2, losses
     assert g0.norm() > 0 and rel < 2e-2, rel
+
+
+def test_qlora_recipe_on_fastnf4_layers_gpu(tiny_llama_checkpoint):
+    """PEFT's QLoRA recipe on a checkpoint loaded into fastnf4 layers (no bitsandbytes): prepare_model_for_kbit_training
+    (the rest of the model in float32), bf16 compute on the NF4 layers, gradient checkpointing, all-linear LoRA; a few
+    AdamW steps lower the loss."""
+    peft = pytest.importorskip("peft")
+    from fastnf4.integrations import peft as fpeft
+    from fastnf4.integrations.transformers import load_and_quantize
+
+    model = load_and_quantize(tiny_llama_checkpoint, device="cuda", compute_dtype=torch.bfloat16)
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = fpeft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear"))
+    ids = torch.randint(0, 1000, (2, 32), device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
