@@ -44,10 +44,14 @@ class Linear4bit(torch.nn.Module):
         return self.weight_nf4.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # computes in compute_dtype (default: x's) and returns x's dtype, as bitsandbytes' Linear4bit does (a model
-        # whose other parameters were upcast to float32, as PEFT's QLoRA preparation does, keeps float32 activations)
+        # computes in compute_dtype (default: autocast's dtype inside torch.autocast, else x's) and returns x's dtype,
+        # as bitsandbytes' Linear4bit does (a model whose other parameters were upcast to float32, as PEFT's QLoRA
+        # preparation does, keeps float32 activations)
         in_dtype = x.dtype
-        dtype = self.compute_dtype or in_dtype
+        dtype = self.compute_dtype
+        if dtype is None:
+            kind = x.device.type
+            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else in_dtype
         bias = self.bias.to(dtype) if self.bias is not None and self.bias.dtype != dtype else self.bias
         if in_dtype != dtype:
             x = x.to(dtype)

@@ -120,3 +120,6 @@ def test_linear4bit_computes_in_compute_dtype_and_returns_the_input_dtype(rng):
     assert y.dtype == torch.float32
     assert torch.equal(y, fastnf4.linear(x.to(torch.bfloat16), q, bias).float())
     assert Linear4bit(q, bias)(x.to(torch.bfloat16)).dtype == torch.bfloat16  # default: compute in x's dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # ... or in autocast's, where it is on (as nn.Linear would)
+        y = Linear4bit(q, bias)(x)
+    assert y.dtype == torch.float32 and torch.equal(y, fastnf4.linear(x.to(torch.bfloat16), q, bias).float())
