@@ -98,16 +98,20 @@ def _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, n
         )
 
 
-@torch.library.custom_op("fastnf4::dequantize_4bit", mutates_args=())
-def dequantize_4bit(
+def dequantize_4bit_impl(
     packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, numel: int, dtype: torch.dtype,
     nested_code: Optional[torch.Tensor], nested_absmax: Optional[torch.Tensor], offset: Optional[torch.Tensor],
     nested_blocksize: int,
 ) -> torch.Tensor:
+    """The body of ``fastnf4::dequantize_4bit``, callable without the op's dispatch where nothing needs to see the op
+    (the bitsandbytes patch's kernels, which already run below autograd and tracing)."""
     check_dequantize_args(packed, absmax, code, blocksize, numel, dtype, nested_code, nested_absmax, offset, nested_blocksize)
     out = torch.empty(numel, dtype=dtype, device=packed.device)
     _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize)
     return out
+
+
+dequantize_4bit = torch.library.custom_op("fastnf4::dequantize_4bit", dequantize_4bit_impl, mutates_args=())
 
 
 @dequantize_4bit.register_fake
@@ -116,15 +120,19 @@ def _(packed, absmax, code, blocksize, numel, dtype, nested_code, nested_absmax,
     return packed.new_empty(numel, dtype=dtype)
 
 
-@torch.library.custom_op("fastnf4::dequantize_4bit_out", mutates_args=("out",))
-def dequantize_4bit_out(
+def dequantize_4bit_out_impl(
     packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, numel: int,
     nested_code: Optional[torch.Tensor], nested_absmax: Optional[torch.Tensor], offset: Optional[torch.Tensor],
     nested_blocksize: int, out: torch.Tensor,
 ) -> None:
+    """The body of ``fastnf4::dequantize_4bit_out`` (see ``dequantize_4bit_impl``)."""
     check_out(out, numel, packed.device)
     check_dequantize_args(packed, absmax, code, blocksize, numel, out.dtype, nested_code, nested_absmax, offset, nested_blocksize)
     _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize)
+
+
+dequantize_4bit_out = torch.library.custom_op("fastnf4::dequantize_4bit_out", dequantize_4bit_out_impl,
+                                              mutates_args=("out",))
 
 
 @dequantize_4bit_out.register_fake
