@@ -262,6 +262,13 @@ def _linear_impl(
 linear_op = torch.library.custom_op("fastnf4::linear", _linear_impl, mutates_args=())
 
 
+def plain_eager(t: torch.Tensor) -> bool:
+    """Whether a call on ``t`` may skip the custom op's dispatch: a plain tensor, no torch.compile / tracing, no
+    dispatch or function mode (profilers, FlopCounter, fake tensors) that must see the op."""
+    return (type(t) is torch.Tensor and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled())
+
+
 def linear(x: torch.Tensor, *args) -> torch.Tensor:
     """``fastnf4::linear``; in plain eager calls the implementation is run directly.
 
@@ -273,8 +280,7 @@ def linear(x: torch.Tensor, *args) -> torch.Tensor:
     outside all of those: the implementation itself, or, where a gradient is wanted, ``_LinearFunction`` (the op's
     own backward formula in a plain ``autograd.Function``).
     """
-    if (type(x) is torch.Tensor and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled()):
+    if plain_eager(x):
         bias = args[-1]
         if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
             return _LinearFunction.apply(x, *args)

@@ -48,13 +48,17 @@ def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor
     code = kernel_code(q.quant_type, q.device)
     args = (q.packed_u8, q.absmax, code, q.blocksize, q.numel)
     nested = (q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize)
+    # plain eager calls run the op's body (the op's dispatch costs ~100 us of host time; the op has no autograd)
+    direct = _ops.plain_eager(q.packed_u8) and not (torch.is_grad_enabled() and q.absmax.requires_grad)
     if out is None:
-        return _ops.dequantize_4bit(*args, dtype or q.dtype, *nested).view(q.shape)
+        fn = _ops.dequantize_4bit_impl if direct else _ops.dequantize_4bit
+        return fn(*args, dtype or q.dtype, *nested).view(q.shape)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
     if dtype is not None and out.dtype != dtype:
         raise TypeError(f"out has dtype {out.dtype} but dtype={dtype} was asked for")
-    _ops.dequantize_4bit_out(*args, *nested, out)
+    (_ops.dequantize_4bit_out_impl if direct and type(out) is torch.Tensor else _ops.dequantize_4bit_out)(
+        *args, *nested, out)
     return out.view(q.shape)
 
 
