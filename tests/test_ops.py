@@ -42,3 +42,27 @@ def test_compile_fullgraph(nested, rng):
     qc = torch.compile(lambda w: fastnf4.quantize(w, double_quant=nested).absmax, fullgraph=True, backend="aot_eager")
     w = random_weight(64 * 8, torch.float16, rng)
     assert torch.equal(qc(w), fastnf4.quantize(w, double_quant=nested).absmax)
+
+
+def test_dispatch_modes_see_the_ops(rng):
+    """Plain eager calls of fastnf4.dequantize / fastnf4.linear run the ops' bodies directly (host time); under a
+    dispatch mode (profilers, FlopCounter, fake tensors) the ops themselves must be what is seen."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q = fastnf4.quantize(torch.randn(16, 64, generator=rng))
+    x = torch.randn(2, 64, generator=rng)
+    plain = (fastnf4.dequantize(q), fastnf4.linear(x, q))
+    with Record() as rec:
+        seen = (fastnf4.dequantize(q), fastnf4.linear(x, q))
+    assert any(n.startswith("fastnf4.dequantize_4bit") for n in rec.names), rec.names
+    assert any(n.startswith("fastnf4.linear") for n in rec.names), rec.names
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen))
