@@ -269,6 +269,11 @@ def plain_eager(t: torch.Tensor) -> bool:
             and not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled())
 
 
+def wants_grad(x: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    """Whether a linear call must record autograd: grad mode on and x or the bias requiring a gradient."""
+    return torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
+
+
 def linear(x: torch.Tensor, *args) -> torch.Tensor:
     """``fastnf4::linear``; in plain eager calls the implementation is run directly.
 
@@ -281,8 +286,7 @@ def linear(x: torch.Tensor, *args) -> torch.Tensor:
     own backward formula in a plain ``autograd.Function``).
     """
     if plain_eager(x):
-        bias = args[-1]
-        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        if wants_grad(x, args[-1]):
             return _LinearFunction.apply(x, *args)
         return _linear_impl(x, *args)
     return linear_op(x, *args)
@@ -310,12 +314,9 @@ def _linear_backward(ctx, grad):
     grad2d = grad.reshape(-1, n)
     grad_x = grad_bias = None
     if ctx.needs_input_grad[0]:
-        args = (packed, absmax, code, blocksize, n * k, grad.dtype, nested_code, nested_absmax, offset, nested_blocksize)
-        if getattr(ctx, "eager", False):  # _LinearFunction: the dequantize without its op's dispatch
-            w = torch.empty(n * k, dtype=grad.dtype, device=packed.device)
-            _dequantize_into(w, *args[:5], *args[6:])
-        else:
-            w = dequantize_4bit(*args)
+        dequant = dequantize_4bit_impl if getattr(ctx, "eager", False) else dequantize_4bit  # eager: no op dispatch
+        w = dequant(packed, absmax, code, blocksize, n * k, grad.dtype, nested_code, nested_absmax, offset,
+                    nested_blocksize)
         grad_x = (grad2d @ w.view(n, k)).view(x_shape)
     if has_bias and ctx.needs_input_grad[11]:
         grad_bias = grad2d.sum(0)

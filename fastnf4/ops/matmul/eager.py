@@ -21,6 +21,7 @@ import weakref
 
 import torch
 
+from ... import _ops
 from . import wgmma  # (no Triton import)
 from .wgmma import Prepared as WgmmaPrepared
 
@@ -55,10 +56,7 @@ def m_key(m: int) -> int:
 
 def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x @ dequant(q).T + bias`` through a cached launch, or ``None`` when this call needs the full path."""
-    if (torch.compiler.is_compiling() or type(x) is not torch.Tensor or not x.is_cuda or torch.jit.is_tracing()
-            or (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))
-            or torch._C._len_torch_dispatch_stack()
-            or torch._C._is_torch_function_mode_enabled()):
+    if not _ops.plain_eager(x) or not x.is_cuda or _ops.wants_grad(x, bias):
         return None
     if bias is not None and type(bias) is not torch.Tensor and type(bias) is not torch.nn.Parameter:
         return None
