@@ -176,3 +176,25 @@ def test_qlora_recipe_on_fastnf4_layers(monkeypatch, rng):
     assert seen and set(seen) == {torch.bfloat16}  # the NF4 matmuls, in forward and in the checkpointed recompute
     assert model.base_model.model.model.norm.weight.dtype == torch.float32  # what the recipe does to the rest
     assert losses[-1] < losses[0], losses
+
+
+@needs_triton
+def test_two_adapters_and_mixed_batches(rng):
+    """Two adapters on the same NF4 layers: switching between them, and one batch whose rows use different adapters
+    (``adapter_names``, PEFT's mixed-batch inference) gives each row what that adapter gives it alone."""
+    model = lora(nf4_model())
+    torch.manual_seed(2)
+    model.add_adapter("other", peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"], init_lora_weights=False))
+    x = torch.randn(3, 64, generator=rng)
+    model.eval()  # mixed batches are an inference feature (PEFT refuses them in training mode)
+    with torch.no_grad():
+        alone = {}
+        for name in ("default", "other"):
+            model.set_adapter(name)
+            alone[name] = model(x)
+        with model.disable_adapter():
+            alone["__base__"] = model(x)
+        assert not torch.equal(alone["default"], alone["other"])
+        mixed = model(x, adapter_names=["other", "__base__", "default"])
+    for row, name in enumerate(("other", "__base__", "default")):
+        assert torch.allclose(mixed[row], alone[name][row], rtol=1e-5, atol=1e-6), name
