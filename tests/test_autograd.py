@@ -167,3 +167,25 @@ def test_gradient_checkpointing_gives_the_same_gradients(rng):
         y.backward(g)
         out.append((y.detach(), x.grad))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+
+
+@needs_triton
+def test_compiled_training_step_through_nf4_layers(rng):
+    """torch.compile (inductor, fullgraph) of a forward + backward through Linear4bit layers: no graph break (the
+    layers' eager shortcuts step aside while compiling) and the eager step's output and gradients."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 32))
+    fastnf4.quantize_model(model, skip=("0",))  # a dense trainable first layer, then two NF4 layers
+    x = torch.randn(8, 64, generator=rng)
+    g = torch.randn(8, 32, generator=rng)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        y = m(x)
+        y.backward(g)
+        return [y.detach()] + [p.grad for p in m.parameters() if p.grad is not None]
+
+    eager = step(model)
+    compiled = step(torch.compile(model, fullgraph=True))
+    assert len(eager) == 3 and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(eager, compiled))

@@ -74,6 +74,31 @@ def test_checkpointed_backward_is_bit_equal(m):
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
+def test_compiled_training_step_gpu():
+    """torch.compile (inductor, fullgraph) of a forward + backward through Linear4bit layers on the GPU kernels:
+    the eager step's output and gradients (within bf16 rounding: inductor fuses the GELUs its own way)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 2048),
+                                torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda().to(torch.bfloat16)
+    fastnf4.quantize_model(model, skip=("0",))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for m in (1, 24, 300):
+        x = torch.randn(m, 2048, device="cuda", generator=g).to(torch.bfloat16)
+        gy = torch.randn(m, 512, device="cuda", generator=g).to(torch.bfloat16)
+
+        def step(mod):
+            mod.zero_grad(set_to_none=True)
+            y = mod(x)
+            y.backward(gy)
+            return [y.detach()] + [p.grad for p in mod.parameters() if p.grad is not None]
+
+        eager = step(model)
+        compiled = step(torch.compile(model, fullgraph=True, dynamic=False))
+        assert len(eager) == 3
+        for a, b in zip(eager, compiled):
+            assert _rel(b, a.double()) < 1e-2, (m, _rel(b, a.double()))
+
+
 def test_peft_qlora_step_runs_on_fastnf4(tiny_llama_checkpoint, bnb_load):
     """PEFT LoRA on every linear of a bitsandbytes 4-bit Llama, one training step (loss and backward) unpatched and
     then patched on the same model and adapters: the patched step runs its 4-bit matmuls (forward, gemm_4bit) and its
