@@ -9,9 +9,8 @@ import torch
 
 import fastnf4
 from fastnf4.bench.harness import rotation_count, time_graphs
+from probe_dq_gap import PICK  # the same four weights as that probe
 from probe_weights import model_weights, write_rows
-
-PICK = {("gemma-3-27b", "o"), ("gemma-3-27b", "q"), ("qwen3-32b", "o"), ("llama-3.3-70b", "q+o")}
 
 
 def main():
