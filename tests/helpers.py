@@ -30,3 +30,34 @@ def random_packed(numel, blocksize, nested, gen):
     q = torch.randint(0, 256, (nb,), dtype=torch.uint8, generator=gen)
     n2 = -(-nb // 256)
     return packed, q, dynamic_map(), torch.rand(n2, generator=gen) * 2, torch.rand((), generator=gen)
+
+
+def forward_backward(model, x, g):
+    """One forward + backward of ``model`` on ``x`` with output gradient ``g`` (gradients reset first): [output,
+    gradient of every parameter that got one]."""
+    model.zero_grad(set_to_none=True)
+    y = model(x)
+    y.backward(g)
+    return [y.detach()] + [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def qlora_recipe(model, peft, fpeft, r):
+    """PEFT's QLoRA recipe on a transformers model with fastnf4 layers: prepare_model_for_kbit_training (the other
+    parameters upcast to float32), gradient checkpointing (non-reentrant), LoRA of rank ``r`` on "all-linear"."""
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return fpeft.get_peft_model(model, peft.LoraConfig(r=r, target_modules="all-linear"))
+
+
+def lm_train_losses(model, ids, lr, steps):
+    """``steps`` AdamW steps of ``model``'s language-model loss on ``ids`` (the trainable parameters only): the
+    losses, one per step."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses

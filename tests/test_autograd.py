@@ -7,6 +7,7 @@ import torch
 import fastnf4
 from fastnf4 import _ops, _triton
 from fastnf4.api import linear_args
+from helpers import forward_backward
 
 needs_triton = pytest.mark.skipif(not _triton.use_triton(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
 
@@ -179,13 +180,6 @@ def test_compiled_training_step_through_nf4_layers(rng):
     fastnf4.quantize_model(model, skip=("0",))  # a dense trainable first layer, then two NF4 layers
     x = torch.randn(8, 64, generator=rng)
     g = torch.randn(8, 32, generator=rng)
-
-    def step(m):
-        m.zero_grad(set_to_none=True)
-        y = m(x)
-        y.backward(g)
-        return [y.detach()] + [p.grad for p in m.parameters() if p.grad is not None]
-
-    eager = step(model)
-    compiled = step(torch.compile(model, fullgraph=True))
+    eager = forward_backward(model, x, g)
+    compiled = forward_backward(torch.compile(model, fullgraph=True), x, g)
     assert len(eager) == 3 and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(eager, compiled))

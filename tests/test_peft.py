@@ -6,6 +6,7 @@ import torch
 
 import fastnf4
 from fastnf4 import _triton
+from helpers import lm_train_losses, qlora_recipe
 
 peft = pytest.importorskip("peft")
 from fastnf4.integrations import peft as fpeft  # noqa: E402
@@ -153,9 +154,7 @@ def test_qlora_recipe_on_fastnf4_layers(monkeypatch, rng):
                                    num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
     model = fastnf4.quantize_model(transformers.LlamaForCausalLM(cfg).to(torch.bfloat16), compute_dtype=torch.bfloat16)
-    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = fpeft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
+    model = qlora_recipe(model, peft, fpeft, r=4)
     seen = []
     real = fastnf4.nn.linear
 
@@ -164,15 +163,7 @@ def test_qlora_recipe_on_fastnf4_layers(monkeypatch, rng):
         return real(x, q, bias)
 
     monkeypatch.setattr(fastnf4.nn, "linear", recording)
-    ids = torch.randint(0, 128, (2, 16), generator=rng)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    for _ in range(4):
-        opt.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = lm_train_losses(model, torch.randint(0, 128, (2, 16), generator=rng), lr=1e-2, steps=4)
     assert seen and set(seen) == {torch.bfloat16}  # the NF4 matmuls, in forward and in the checkpointed recompute
     assert model.base_model.model.model.norm.weight.dtype == torch.float32  # what the recipe does to the rest
     assert losses[-1] < losses[0], losses

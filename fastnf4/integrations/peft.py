@@ -22,6 +22,7 @@ LoRA variants (DoRA and the others) and LoRA biases are refused by PEFT / here w
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -29,14 +30,9 @@ import torch
 from ..api import dequantize, quantize
 from ..nn import Linear4bit
 
-_CLASS = None
-
-
+@functools.cache
 def _lora_class():
     """The LoRA layer class, built on first use (PEFT is imported only then)."""
-    global _CLASS
-    if _CLASS is not None:
-        return _CLASS
     try:
         import peft
         from peft.tuners.lora.layer import LoraLayer
@@ -123,8 +119,7 @@ def _lora_class():
         def __repr__(self) -> str:
             return "lora." + super().__repr__()
 
-    _CLASS = LoraLinear4bit
-    return _CLASS
+    return LoraLinear4bit
 
 
 def __getattr__(name: str):

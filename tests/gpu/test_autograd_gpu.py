@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fastnf4
+from helpers import forward_backward, lm_train_losses, qlora_recipe
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -85,15 +86,8 @@ def test_compiled_training_step_gpu():
     for m in (1, 24, 300):
         x = torch.randn(m, 2048, device="cuda", generator=g).to(torch.bfloat16)
         gy = torch.randn(m, 512, device="cuda", generator=g).to(torch.bfloat16)
-
-        def step(mod):
-            mod.zero_grad(set_to_none=True)
-            y = mod(x)
-            y.backward(gy)
-            return [y.detach()] + [p.grad for p in mod.parameters() if p.grad is not None]
-
-        eager = step(model)
-        compiled = step(torch.compile(model, fullgraph=True, dynamic=False))
+        eager = forward_backward(model, x, gy)
+        compiled = forward_backward(torch.compile(model, fullgraph=True, dynamic=False), x, gy)
         assert len(eager) == 3
         for a, b in zip(eager, compiled):
             assert _rel(b, a.double()) < 1e-2, (m, _rel(b, a.double()))
@@ -197,16 +191,7 @@ def test_qlora_recipe_on_fastnf4_layers_gpu(tiny_llama_checkpoint):
     from fastnf4.integrations.transformers import load_and_quantize
 
     model = load_and_quantize(tiny_llama_checkpoint, device="cuda", compute_dtype=torch.bfloat16)
-    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = fpeft.get_peft_model(model, peft.LoraConfig(r=8, target_modules="all-linear"))
+    model = qlora_recipe(model, peft, fpeft, r=8)
     ids = torch.randint(0, 1000, (2, 32), device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    losses = []
-    for _ in range(5):
-        opt.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = lm_train_losses(model, ids, lr=1e-3, steps=5)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
