@@ -35,6 +35,36 @@ def _same_device(what: str, t: torch.Tensor, device: torch.device) -> None:
     _require(t.device == device, ValueError, f"{what} is on {t.device}, expected {device} (device mismatch)")
 
 
+class _Current:
+    """The context of a call whose tensors are on the current device already (nothing to switch)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+_CURRENT = _Current()
+
+
+def on_device(t: torch.Tensor):
+    """A context that makes ``t``'s GPU the current device for the launches inside it.
+
+    Triton launches on the current device's stream, and the CUDA runtime launches only into streams of the current
+    device, whatever device the tensors are on. A model split over GPUs (transformers' ``device_map="auto"``, whose
+    hooks move tensors but leave the current device at cuda:0) calls layers on cuda:1 with cuda:0 current: without
+    this, a kernel would read another GPU's memory (an illegal address, bitsandbytes issue #120) or fail to launch.
+    Free (no switch) when ``t`` is on the current device or not on a GPU."""
+    if t.is_cuda:
+        index = t.get_device()
+        if index != torch.cuda.current_device():
+            return torch.cuda.device(index)
+    return _CURRENT
+
+
 def check_dequantize_args(
     packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, numel: int,
     dtype: torch.dtype, nested_code: Optional[torch.Tensor], nested_absmax: Optional[torch.Tensor],
@@ -86,10 +116,11 @@ def _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, n
     if _triton.use_triton(packed.device):
         from .ops.dequantize import kernel
 
-        kernel.launch(
-            packed, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize,
-            manual_bf16=_triton.interpreter_enabled(),
-        )
+        with on_device(packed):
+            kernel.launch(
+                packed, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize,
+                manual_bf16=_triton.interpreter_enabled(),
+            )
     else:
         out.copy_(
             dq_naive.dequantize(
@@ -166,7 +197,8 @@ def quantize_4bit(A: torch.Tensor, blocksize: int, quant_type: str) -> tuple[tor
     if _triton.use_triton(A.device):
         from .ops.quantize import kernel
 
-        kernel.launch_4bit(A.reshape(-1), packed, absmax, blocksize, quant_type)
+        with on_device(A):
+            kernel.launch_4bit(A.reshape(-1), packed, absmax, blocksize, quant_type)
     else:
         p, a = q_naive.quantize_4bit(A.reshape(-1), blocksize, quant_type)
         packed.copy_(p)
@@ -204,7 +236,8 @@ def quantize_8bit(
     if _triton.use_triton(A.device):
         from .ops.quantize import kernel
 
-        kernel.launch_8bit(A.reshape(-1), offset, code, q, absmax, blocksize)
+        with on_device(A):
+            kernel.launch_8bit(A.reshape(-1), offset, code, q, absmax, blocksize)
     else:
         q_ref, a_ref = q_naive.quantize_8bit(A.reshape(-1), offset, code, blocksize)
         q.copy_(q_ref)
@@ -251,7 +284,8 @@ def _linear_impl(
     elif _triton.use_triton(x.device):
         from .ops.matmul import dispatch
 
-        y = dispatch.linear_triton(x2d, *args, manual_bf16=_triton.interpreter_enabled())
+        with on_device(x2d):
+            y = dispatch.linear_triton(x2d, *args, manual_bf16=_triton.interpreter_enabled())
     else:
         from .ops.matmul import naive as mm_naive
 

@@ -5,6 +5,11 @@ from conftest import bits, poisoned  # noqa: F401
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def rel_err(y, ref):
+    """Relative Frobenius error of ``y`` against a float64 reference."""
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
 def random_weight(n, dtype, gen, special=False):
     """Random normal weights; with ``special`` also zeros, NaN, +-Inf, huge and subnormal-scaled blocks."""
     w = torch.randn(n, generator=gen) * 0.05

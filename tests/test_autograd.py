@@ -7,13 +7,9 @@ import torch
 import fastnf4
 from fastnf4 import _ops, _triton
 from fastnf4.api import linear_args
-from helpers import forward_backward
+from helpers import forward_backward, rel_err
 
 needs_triton = pytest.mark.skipif(not _triton.use_triton(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
-
-
-def rel_err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 def grads(fn, x0, b0, g):

@@ -11,12 +11,9 @@ from fastnf4 import _triton
 from fastnf4.api import linear_args
 from fastnf4.codebooks import kernel_code
 from fastnf4.ops.matmul import dispatch, gemv_mma
+from helpers import rel_err
 
 PATHS = ["gemv", "gemm", "dequant+matmul"]
-
-
-def rel_err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 def run_path(x, q, bias, path):

@@ -6,7 +6,7 @@ import torch
 
 import fastnf4
 from fastnf4 import _triton
-from helpers import lm_train_losses, qlora_recipe
+from helpers import lm_train_losses, qlora_recipe, rel_err
 
 peft = pytest.importorskip("peft")
 from fastnf4.integrations import peft as fpeft  # noqa: E402
@@ -34,10 +34,6 @@ def lora(model, seed=1, **kw):
     torch.manual_seed(seed)
     cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"], init_lora_weights=False, **kw)
     return fpeft.get_peft_model(model, cfg)
-
-
-def rel_err(y, ref):
-    return ((y.double() - ref).norm() / ref.norm()).item()
 
 
 @needs_triton

@@ -102,29 +102,31 @@ def prepare(x2d: torch.Tensor, args: tuple):
     does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``wgmma.Prepared`` (M > 2) or a ``DequantMatmul``
     (any M) or ``None`` (any other path).
     Shared by ``try_linear`` and the bitsandbytes patch."""
-    from ... import _ops
     from . import dispatch, gemv_mma
 
     _ops.check_linear_args(x2d, *args)
     packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, _ = args
-    path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize)
-    if path == "mma":
-        return gemv_mma.Prepared(x2d, *args)
-    if path == "wgmma":
-        return WgmmaPrepared(*args)
-    # (at M <= 32 too since session 24: the k+v projections at M 3-32 take this path, and the full path's host cost
-    # there, ~120 us a call on the H200, was 8x that of the prepared launches: benchmarks/probe_eager_m.py)
-    if path == "dequant+matmul":
-        return DequantMatmul(x2d.dtype, *args)
+    with _ops.on_device(x2d):  # the kernels' libraries and plans are asked for on the weight's GPU
+        path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize)
+        if path == "mma":
+            return gemv_mma.Prepared(x2d, *args)
+        if path == "wgmma":
+            return WgmmaPrepared(*args)
+        # (at M <= 32 too since session 24: the k+v projections at M 3-32 take this path, and the full path's host
+        # cost there, ~120 us a call on the H200, was 8x that of the prepared launches: benchmarks/probe_eager_m.py)
+        if path == "dequant+matmul":
+            return DequantMatmul(x2d.dtype, *args)
     return None
 
 
 def run(prepared, x: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     """Launch ``prepare``'s result on x (contiguous, 16-byte aligned, of the M, dtype and device it was prepared
-    for; for a ``gemv_mma.Prepared`` also the same bias) and give the output x's leading shape."""
-    if type(prepared) is DequantMatmul:
-        return prepared(x, bias)
-    y = prepared(x.view(-1, x.shape[-1]), bias) if type(prepared) is WgmmaPrepared else prepared(x)  # [M, N]
+    for; for a ``gemv_mma.Prepared`` also the same bias), with x's GPU current, and give the output x's leading
+    shape."""
+    with _ops.on_device(x):  # launches go to the current device's streams
+        if type(prepared) is DequantMatmul:
+            return prepared(x, bias)
+        y = prepared(x.view(-1, x.shape[-1]), bias) if type(prepared) is WgmmaPrepared else prepared(x)  # [M, N]
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 

@@ -67,7 +67,10 @@ class _Lib:
 @functools.cache
 def _lib_for(index: int) -> _Lib | None:
     lib = _cuda.load(SOURCE, torch.device("cuda", index))
-    return None if lib is None else _Lib(lib, index)
+    if lib is None:
+        return None
+    with torch.cuda.device(index):  # kernel attributes and occupancy are set and read per device: the current one
+        return _Lib(lib, index)
 
 
 def _index(device: torch.device) -> int:

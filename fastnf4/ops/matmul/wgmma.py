@@ -71,7 +71,10 @@ def _lib_for(index: int) -> _Lib | None:
     if torch.cuda.get_device_capability(index) != (9, 0):
         return None  # wgmma is sm_90a only; other GPUs take the other paths
     lib = _cuda.load(SOURCE, torch.device("cuda", index), arch_suffix="a")  # FASTNF4_NVCC_FLAGS: probe variants
-    return None if lib is None else _Lib(lib, index)
+    if lib is None:
+        return None
+    with torch.cuda.device(index):  # kernel attributes and occupancy are set and read per device: the current one
+        return _Lib(lib, index)
 
 
 def _index(device: torch.device) -> int:
