@@ -73,6 +73,43 @@ def test_save_and_load_round_trip(checkpoint, tmp_path):
     assert torch.equal(logits(q2, ids), logits(q, ids))
 
 
+def test_device_map_plan():
+    """``device_map`` as transformers spells it: whole modules, "" for the rest, the longest mapped name wins; the
+    plan covers the model with no name inside another, and bad maps are refused by name."""
+    from fastnf4.integrations.transformers import _device_of, _device_plan
+
+    model = tiny_llama()
+    cpu = torch.device("cpu")
+    plan = _device_plan(model, "cuda", {"": "cpu", "model.layers.1": "cpu", "lm_head": "cpu"})
+    assert sorted(plan) == ["lm_head", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
+                            "model.rotary_emb"]
+    assert set(plan.values()) == {cpu}
+    assert _device_of(plan, "model.layers.1.mlp.up_proj") == cpu
+    assert _device_plan(model, "cpu", None) == {"": cpu}
+    with pytest.raises(ValueError, match="no device for 'model.embed_tokens'"):
+        _device_plan(model, "cpu", {"model.layers": "cpu", "model.norm": "cpu", "lm_head": "cpu"})
+    with pytest.raises(ValueError, match="does not have.*model.layers.7"):
+        _device_plan(model, "cpu", {"": "cpu", "model.layers.7": "cpu"})
+    with pytest.raises(ValueError, match="mixes CPU and GPUs"):
+        _device_plan(model, "cpu", {"": "cpu", "model.layers.1": "cuda:1"})
+    with pytest.raises(ValueError, match="dict or \"balanced\""):
+        _device_plan(model, "cpu", "sequential")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs CUDA GPUs"):
+            _device_plan(model, "cpu", "balanced")
+
+
+def test_load_with_a_device_map(checkpoint, tmp_path):
+    _, path = checkpoint
+    split = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers": "cpu", "model.norm": "cpu",
+             "lm_head": "cpu"}
+    q = load_and_quantize(path, device="cpu")
+    save_quantized(q, str(tmp_path / "nf4"))
+    ids = torch.randint(0, 96, (1, 9))
+    assert torch.equal(logits(load_and_quantize(path, device_map=split), ids), logits(q, ids))
+    assert torch.equal(logits(load_quantized(str(tmp_path / "nf4"), device_map=split), ids), logits(q, ids))
+
+
 def test_saved_layers_read_back_by_bitsandbytes(checkpoint, tmp_path):
     F = pytest.importorskip("bitsandbytes.functional")
     from safetensors.torch import load_file

@@ -9,6 +9,12 @@
 
 The model skeleton is built with parameters on the meta device (``accelerate.init_empty_weights``) and filled
 tensor by tensor from the safetensors files. Checkpoints are read with safetensors only.
+
+Both loaders put the model on one ``device``, or split it over GPUs with ``device_map``: transformers' / accelerate's
+form ``{module name: device}`` (``""`` is the whole model; a module takes the entry of its longest mapped name), or
+``"balanced"``: the decoder layers cut into equal runs over the visible GPUs, the rest of the model on the first.
+Each tensor is loaded (and quantized) straight onto its module's device; accelerate's hooks then move the activations
+between GPUs, as for a transformers model loaded with a ``device_map``.
 """
 from __future__ import annotations
 
@@ -71,20 +77,112 @@ def _set_tensor(model: torch.nn.Module, key: str, value: torch.Tensor) -> None:
         raise KeyError(f"the checkpoint has {key!r}, which the model does not")
 
 
-def _finish(model: torch.nn.Module, device) -> torch.nn.Module:
+def _as_device(d) -> torch.device:
+    d = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
+
+
+def _decoder_layers(model: torch.nn.Module) -> str:
+    """The name of the model's longest ``nn.ModuleList`` (its decoder layers)."""
+    lists = [(len(m), n) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        raise ValueError('device_map="balanced" found no list of layers in the model; give a dict')
+    return max(lists)[1]
+
+
+def _device_plan(model: torch.nn.Module, device, device_map) -> dict[str, torch.device]:
+    """``{module name: device}`` with no name inside another, covering the model: where each module's tensors go."""
+    if device_map is None:
+        return {"": _as_device(device)}
+    if isinstance(device_map, str):
+        if device_map != "balanced":
+            raise ValueError(f'device_map must be a dict or "balanced", got {device_map!r}')
+        gpus = torch.cuda.device_count()
+        if gpus == 0:
+            raise ValueError('device_map="balanced" needs CUDA GPUs')
+        layers = _decoder_layers(model)
+        count = len(model.get_submodule(layers))
+        wanted = {"": torch.device("cuda", 0)}
+        wanted.update({f"{layers}.{i}": torch.device("cuda", i * gpus // count) for i in range(count)})
+    elif isinstance(device_map, dict):
+        wanted = {name: _as_device(d) for name, d in device_map.items()}
+        modules = dict(model.named_modules())
+        unknown = sorted(name for name in wanted if name not in modules)
+        if unknown:
+            raise ValueError(f"device_map names modules the model does not have: {unknown[:5]}")
+    else:
+        raise TypeError(f"device_map must be a dict or a string, got {type(device_map).__name__}")
+    plan: dict[str, torch.device] = {}
+
+    def walk(name: str, module: torch.nn.Module, dev) -> None:
+        dev = wanted.get(name, dev)
+        prefix = f"{name}." if name else ""
+        if not any(k != name and k.startswith(prefix) for k in wanted):  # nothing mapped inside: one device
+            if dev is None:
+                if next(module.parameters(), None) is None and next(module.buffers(), None) is None:
+                    return  # no tensors to place
+                raise ValueError(f"device_map gives no device for {name!r} (add it, or \"\" for the rest)")
+            plan[name] = dev
+            return
+        if next(module.parameters(recurse=False), None) is not None or next(module.buffers(recurse=False), None) \
+                is not None:
+            raise ValueError(f"device_map splits {name!r}, which holds tensors of its own; map it whole")
+        for child, sub in module.named_children():
+            walk(prefix + child, sub, dev)
+
+    walk("", model, None)
+    if len({d.type for d in plan.values()}) > 1:
+        raise ValueError("device_map mixes CPU and GPUs; fastnf4 splits a model over GPUs only (no offload)")
+    return plan
+
+
+def _device_of(plan: dict[str, torch.device], module_name: str) -> torch.device:
+    """The device ``plan`` gives the module ``module_name`` (or a module inside it)."""
+    name = module_name
+    while name not in plan:
+        if not name:
+            raise ValueError(f"no device for {module_name!r}")  # (a plan from _device_plan covers every module)
+        name = name.rpartition(".")[0]
+    return plan[name]
+
+
+def _owner(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def _finish(model: torch.nn.Module, plan: dict[str, torch.device]) -> torch.nn.Module:
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
-    model.to(device)  # buffers created on the CPU by the skeleton
     left = [n for n, p in model.named_parameters() if p.is_meta]
     if left:
         raise ValueError(f"the checkpoint did not provide {left[:5]}{' ...' if len(left) > 5 else ''}")
+    devices = set(plan.values())
+    if len(devices) == 1:
+        return model.to(devices.pop()).eval()  # buffers created on the CPU by the skeleton
+    placed: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):  # tied weights must share a device
+        first = placed.setdefault(id(p), name)
+        if _device_of(plan, _owner(first)) != _device_of(plan, _owner(name)):
+            raise ValueError(f"device_map puts the tied weights {first!r} and {name!r} on different devices")
+    for name, b in list(model.named_buffers()):
+        owner, _, attr = name.rpartition(".")
+        dev = _device_of(plan, owner)
+        if b.device != dev:
+            model.get_submodule(owner)._buffers[attr] = b.to(dev)
+    from accelerate import dispatch_model
+
+    # accelerate's hooks move each mapped module's inputs to its device (its tensors are there already: no copies)
+    dispatch_model(model, device_map={name: d.index for name, d in plan.items()},
+                   skip_keys=getattr(model, "_skip_keys_device_placement", None))
     return model.eval()
 
 
 def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
-                   compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """A bnb-4bit checkpoint directory as a transformers model with fastnf4 ``Linear4bit`` layers."""
+                   compute_dtype: torch.dtype | None = None, device_map: dict | str | None = None) -> torch.nn.Module:
+    """A bnb-4bit checkpoint directory as a transformers model with fastnf4 ``Linear4bit`` layers, on ``device`` or
+    split by ``device_map`` (module docstring)."""
     model = _skeleton(path, dtype)
+    plan = _device_plan(model, device, device_map)
     groups: dict[str, dict[str, torch.Tensor]] = {}
     plain: dict[str, torch.Tensor] = {}
     for key, t in _tensors(path):
@@ -96,6 +194,7 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
             plain[key] = t
     four_bit = {p for p, g in groups.items() if any(_QS_KEY.match(k) for k in g)}
     for owner, g in groups.items():
+        device = _device_of(plan, owner)
         if owner in four_bit:
             bias = plain.pop(f"{owner}.bias", None)
             q = NF4Weight.from_state_dict(g, f"{owner}.", device=device)
@@ -104,19 +203,23 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
             for key, t in g.items():
                 _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype))
     for key, t in plain.items():
-        _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype))
-    return _finish(model, device)
+        _set_tensor(model, key, t.to(_device_of(plan, _owner(key)), dtype if t.is_floating_point() else t.dtype))
+    return _finish(model, plan)
 
 
 def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
                       skip: Iterable[str] = DEFAULT_SKIP, blocksize: int = 64, double_quant: bool = True,
-                      quant_type: str = "nf4", compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """A bf16/fp16 checkpoint directory, quantized layer by layer on ``device`` while it loads."""
+                      quant_type: str = "nf4", compute_dtype: torch.dtype | None = None,
+                      device_map: dict | str | None = None) -> torch.nn.Module:
+    """A bf16/fp16 checkpoint directory, quantized layer by layer while it loads, each on its device (``device``, or
+    the one ``device_map`` gives its module: module docstring)."""
     model = _skeleton(path, dtype)
+    plan = _device_plan(model, device, device_map)
     linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not _matches(n, tuple(skip))}
     biases: dict[str, torch.Tensor] = {}
     for key, t in _tensors(path):
         owner, _, attr = key.rpartition(".")
+        device = _device_of(plan, owner)
         if owner in linears and attr == "weight":
             w = t.to(device, dtype)
             q = quantize(w, blocksize=blocksize, double_quant=double_quant, quant_type=quant_type)
@@ -130,7 +233,7 @@ def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: tor
                 biases[owner] = t.to(device, dtype)
         else:
             _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype))
-    return _finish(model, device)
+    return _finish(model, plan)
 
 
 def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | None = None) -> None:

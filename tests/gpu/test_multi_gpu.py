@@ -204,3 +204,26 @@ def test_transformers_bnb_model_split_over_two_gpus(tiny_llama_checkpoint):
     assert sum(calls.get(k, 0) for k in ("gemm_4bit", "gemv_4bit")) >= 56, calls  # 14 linears x 2 models x 2 calls
     for a, b in logits:
         assert torch.isfinite(a).all() and _same(a, b)
+
+
+def test_fastnf4_loaders_split_a_model_over_two_gpus(tiny_llama_checkpoint, tmp_path):
+    """fastnf4's own loaders (no bitsandbytes) with ``device_map``: the layers' NF4 weights on their GPUs, logits and a
+    greedy generation bitwise those of the model on one GPU."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from fastnf4.integrations.transformers import load_and_quantize, load_quantized, save_quantized
+
+    one = load_and_quantize(str(tiny_llama_checkpoint), device="cuda:0")
+    save_quantized(one, str(tmp_path / "nf4"))
+    split = [load_and_quantize(str(tiny_llama_checkpoint), device_map="balanced"),
+             load_quantized(str(tmp_path / "nf4"), device_map={"": 1, "model.layers.0": 0})]
+    for two in split:
+        assert two.model.layers[0].mlp.up_proj.weight_nf4.device == D0
+        assert two.model.layers[1].mlp.up_proj.weight_nf4.device == D1
+    ids = torch.randint(0, 1000, (2, 24), device=D0)
+    with torch.no_grad():
+        want = one(ids).logits
+        tokens = one.generate(ids, max_new_tokens=6, do_sample=False)
+        for two in split:
+            assert _same(two(ids).logits, want)
+            assert _same(two.generate(ids, max_new_tokens=6, do_sample=False), tokens)
