@@ -49,7 +49,6 @@ def dequantize_4bit_kernel(
     n_bytes, numel, n_blocks, trig_from,
     BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr,
     ROWS: tl.constexpr, COLS: tl.constexpr, INT64: tl.constexpr, MANUAL_BF16: tl.constexpr, PDL: tl.constexpr = False,
-    OUT_HINT: tl.constexpr = 0,
 ):
     if PDL:
         # programmatic dependent launch (sm_90+): this grid may be launched while the previous kernel on the
@@ -87,12 +86,7 @@ def dequantize_4bit_kernel(
         b_cast = _round_to_bf16(b_val)
     else:
         b_cast = b_val.to(out_ty)
-    if OUT_HINT == 0:
-        tl.store(p_out + o_out, b_cast, mask=o_out < numel, cache_modifier=".cs")
-    elif OUT_HINT == 1:
-        tl.store(p_out + o_out, b_cast, mask=o_out < numel)
-    else:
-        tl.store(p_out + o_out, b_cast, mask=o_out < numel, eviction_policy="evict_last")
+    tl.store(p_out + o_out, b_cast, mask=o_out < numel, cache_modifier=".cs")
 
 
 # Packed bytes per program (H200 sweeps, NOTES.md): with the cache hints, 1024 as 32 rows x 32 bytes at 2 warps
@@ -116,7 +110,7 @@ class Prepared:
 
     def __init__(self, packed_u8, absmax, code, blocksize, numel, nested_code=None, nested_absmax=None, offset=None,
                  nested_blocksize=256, tile_bytes: int | None = None, num_warps: int | None = None,
-                 manual_bf16: bool = False, fast: bool = False, pdl: bool | None = None, out_hint: int = 0):
+                 manual_bf16: bool = False, fast: bool = False, pdl: bool | None = None):
         n_bytes = (numel + 1) // 2
         nested = nested_code is not None
         tile = tile_bytes or TILE_BYTES
@@ -132,7 +126,7 @@ class Prepared:
                      n_bytes, numel, absmax.numel(), trig_from]
         self.constexprs = dict(BLOCKSIZE=blocksize, NESTED=nested, NESTED_BLOCKSIZE=nested_blocksize, ROWS=rows,
                                COLS=cols, INT64=(self.grid[0] * rows * cols * 2 >= 2**31), MANUAL_BF16=manual_bf16,
-                               PDL=pdl, OUT_HINT=out_hint)
+                               PDL=pdl)
         self.fast = fast
         self.runner = None
 
