@@ -92,11 +92,12 @@ def test_device_map_plan():
         _device_plan(model, "cpu", {"": "cpu", "model.layers.7": "cpu"})
     with pytest.raises(ValueError, match="mixes CPU and GPUs"):
         _device_plan(model, "cpu", {"": "cpu", "model.layers.1": "cuda:1"})
-    with pytest.raises(ValueError, match="dict or \"balanced\""):
+    with pytest.raises(ValueError, match="dict, \"balanced\" or \"auto\""):
         _device_plan(model, "cpu", "sequential")
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="needs CUDA GPUs"):
-            _device_plan(model, "cpu", "balanced")
+        for how in ("balanced", "auto"):
+            with pytest.raises(ValueError, match=f"device_map='{how}' needs CUDA GPUs"):
+                _device_plan(model, "cpu", how)
 
 
 def test_load_with_a_device_map(checkpoint, tmp_path):

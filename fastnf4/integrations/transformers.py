@@ -12,7 +12,8 @@ tensor by tensor from the safetensors files. Checkpoints are read with safetenso
 
 Both loaders put the model on one ``device``, or split it over GPUs with ``device_map``: transformers' / accelerate's
 form ``{module name: device}`` (``""`` is the whole model; a module takes the entry of its longest mapped name), or
-``"balanced"``: the decoder layers cut into equal runs over the visible GPUs, the rest of the model on the first.
+``"balanced"`` (or ``"auto"``, as transformers users write it): the decoder layers cut into equal runs over the
+visible GPUs, the rest of the model on the first.
 Each tensor is loaded (and quantized) straight onto its module's device; accelerate's hooks then move the activations
 between GPUs, as for a transformers model loaded with a ``device_map``.
 """
@@ -86,7 +87,7 @@ def _decoder_layers(model: torch.nn.Module) -> str:
     """The name of the model's longest ``nn.ModuleList`` (its decoder layers)."""
     lists = [(len(m), n) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
     if not lists:
-        raise ValueError('device_map="balanced" found no list of layers in the model; give a dict')
+        raise ValueError('device_map found no list of layers in the model to balance; give a dict')
     return max(lists)[1]
 
 
@@ -95,11 +96,11 @@ def _device_plan(model: torch.nn.Module, device, device_map) -> dict[str, torch.
     if device_map is None:
         return {"": _as_device(device)}
     if isinstance(device_map, str):
-        if device_map != "balanced":
-            raise ValueError(f'device_map must be a dict or "balanced", got {device_map!r}')
+        if device_map not in ("balanced", "auto"):
+            raise ValueError(f'device_map must be a dict, "balanced" or "auto", got {device_map!r}')
         gpus = torch.cuda.device_count()
         if gpus == 0:
-            raise ValueError('device_map="balanced" needs CUDA GPUs')
+            raise ValueError(f"device_map={device_map!r} needs CUDA GPUs")
         layers = _decoder_layers(model)
         count = len(model.get_submodule(layers))
         wanted = {"": torch.device("cuda", 0)}
