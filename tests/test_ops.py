@@ -66,3 +66,43 @@ def test_dispatch_modes_see_the_ops(rng):
     assert any(n.startswith("fastnf4.dequantize_4bit") for n in rec.names), rec.names
     assert any(n.startswith("fastnf4.linear") for n in rec.names), rec.names
     assert all(torch.equal(a, b) for a, b in zip(plain, seen))
+
+
+@pytest.mark.skipif(not fastnf4._triton.use_triton(torch.device("cpu")), reason="needs the Triton interpreter")
+def test_kernel_launches_run_with_the_tensors_device_current(monkeypatch, rng):
+    """Triton and the CUDA runtime launch on the current device, so every op body launches its kernels inside
+    ``_ops.on_device(tensor)`` (a model split over GPUs calls layers on cuda:1 with cuda:0 current; the effect is
+    checked on two GPUs in tests/gpu/test_multi_gpu.py). Here the launches are recorded with the context they ran
+    in: each must run inside the context of a tensor of the call, and nothing outside it."""
+    from fastnf4.ops.dequantize import kernel as dq_kernel
+    from fastnf4.ops.matmul import dispatch
+    from fastnf4.ops.quantize import kernel as q_kernel
+
+    inside, launched = [], []
+
+    class Guard:
+        def __init__(self, t):
+            self.t = t
+
+        def __enter__(self):
+            inside.append(self.t)
+
+        def __exit__(self, *exc):
+            inside.pop()
+
+    monkeypatch.setattr(_ops, "on_device", Guard)
+    for module, name in ((dq_kernel, "launch"), (q_kernel, "launch_4bit"), (q_kernel, "launch_8bit"),
+                         (dispatch, "linear_triton")):
+        def recorded(*args, _f=getattr(module, name), _name=name, **kwargs):
+            launched.append((_name, inside[-1] if inside else None, args))
+            return _f(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+    q = fastnf4.quantize(random_weight(64 * 48, torch.bfloat16, rng).view(48, 64), double_quant=True)
+    fastnf4.dequantize(q)
+    fastnf4.linear(torch.randn(3, 64, dtype=torch.bfloat16, generator=rng), q)
+    # (at this size linear takes dequantize + matmul: the dequantize launch runs inside linear_triton's)
+    assert [n for n, _, _ in launched] == ["launch_4bit", "launch_8bit", "launch", "linear_triton", "launch"]
+    for name, guard_of, args in launched:
+        assert guard_of is not None, f"{name} launched outside _ops.on_device"
+        assert all(a.device == guard_of.device for a in args if isinstance(a, torch.Tensor)), name
