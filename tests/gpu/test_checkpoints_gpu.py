@@ -39,3 +39,19 @@ def test_round_trip_both_ways(tiny_llama_checkpoint, bnb_load, tmp_path):
     with torch.no_grad():
         l_back, l_mine = back(ids).logits.float(), mine(ids).logits.float()
     assert ((l_back - l_mine).norm() / l_mine.norm()).item() < 2e-2
+
+
+def test_device_map_on_one_gpu(tiny_llama_checkpoint):
+    """device_map "auto" / "balanced" / a dict of GPU 0 on a one-GPU machine: the whole model on cuda:0, logits bit
+    for bit those of device="cuda:0" (a two-GPU split: tests/gpu/test_multi_gpu.py)."""
+    if torch.cuda.device_count() != 1:
+        pytest.skip("the one-GPU case")
+    ids = torch.randint(0, 1000, (2, 24), device="cuda")
+    plain = load_and_quantize(str(tiny_llama_checkpoint), device="cuda:0")
+    with torch.no_grad():
+        want = plain(ids).logits
+        for device_map in ("auto", "balanced", {"": 0, "model.layers.1": "cuda:0"}):
+            model = load_and_quantize(str(tiny_llama_checkpoint), device_map=device_map)
+            assert {p.device for p in model.parameters()} == {torch.device("cuda", 0)}
+            assert model.model.layers[1].mlp.up_proj.weight_nf4.device == torch.device("cuda", 0)
+            assert torch.equal(model(ids).logits, want), device_map
