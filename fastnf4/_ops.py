@@ -117,10 +117,12 @@ def _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, n
         from .ops.dequantize import kernel
 
         with on_device(packed):
-            kernel.launch(
-                packed, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize,
-                manual_bf16=_triton.interpreter_enabled(),
-            )
+            if packed.is_cuda:  # (the eager op bodies: a launch prepared once per weight, dtype and device)
+                kernel.launch_cached(packed, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset,
+                                     nested_blocksize)
+            else:  # the interpreter
+                kernel.launch(packed, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset,
+                              nested_blocksize, manual_bf16=True)
     else:
         out.copy_(
             dq_naive.dequantize(

@@ -128,3 +128,33 @@ def test_graph_capture_replays_the_fast_path():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, _full(x, q))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_dequantize_launches_kept_per_weight(nested):
+    """Eager dequantize calls (fastnf4.dequantize, the backward of linear, the bitsandbytes patch) launch through a
+    launch kept per weight, dtype and device (``dequantize.kernel.launch_cached``): bitwise the normal launch's output,
+    one entry per weight and dtype, new bytes in the same tensors seen at once, a new weight at the old one's
+    addresses right, an ``out`` off 16-byte alignment through the normal launch."""
+    from fastnf4.ops.dequantize import kernel as dq_kernel
+
+    def normal(q, dtype=torch.bfloat16):
+        a = linear_args(q)
+        out = torch.full((q.numel,), float("nan"), dtype=dtype, device="cuda")
+        return dq_kernel.launch(a[0], a[1], a[2], out, a[3], q.numel, a[6], a[7], a[8], a[9]).view(q.shape)
+
+    torch.manual_seed(3)
+    q = fastnf4.quantize(torch.randn(3000, 1000, device="cuda", dtype=torch.bfloat16), double_quant=nested)
+    before = len(dq_kernel._CACHED)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        assert torch.equal(fastnf4.dequantize(q, dtype=dtype), normal(q, dtype))
+    assert len(dq_kernel._CACHED) == before + 2
+    q.packed.copy_(torch.randint_like(q.packed, 0, 256))
+    assert torch.equal(fastnf4.dequantize(q), normal(q))
+    shape, ptr = q.shape, q.packed.data_ptr()
+    del q
+    q = fastnf4.quantize(torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 3, double_quant=nested)
+    assert torch.equal(fastnf4.dequantize(q), normal(q)), q.packed.data_ptr() == ptr
+    buf = torch.full((q.numel + 1,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fastnf4.dequantize(q, out=buf[1:].view(shape))
+    assert torch.equal(buf[1:].view(shape), normal(q))

@@ -195,3 +195,38 @@ def launch(
     """Fill the flat ``out`` (``numel`` elements) on the current stream. Arguments are pre-validated."""
     return Prepared(packed_u8, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize,
                     tile_bytes, num_warps, manual_bf16)(out)
+
+
+# Launches kept for plain eager calls on a GPU (``launch_cached``): key -> Prepared running through the compiled
+# kernel's runner. An entry holds addresses only, and its key holds everything its launch depends on, so a hit is
+# right for any tensors with that key (a later weight at the same addresses included).
+_CACHED: dict = {}
+_MAX_CACHED = 4096
+
+
+def launch_cached(
+    packed_u8, absmax, code, out, blocksize, numel, nested_code=None, nested_absmax=None, offset=None,
+    nested_blocksize=256,
+):
+    """``launch`` for CUDA tensors through a prepared launch kept per argument set: Triton's ``JITFunction.run`` (~30
+    us of host time: binding, specialization key, cache lookup) runs once per weight, dtype and device, not per call
+    (the backward's dequantize of every 4-bit layer in a training step; ``fastnf4.dequantize``; the bitsandbytes
+    patch's dequantize kernels). ``out`` off 16-byte alignment takes ``launch`` (the kernel is specialised on it)."""
+    if out.data_ptr() % 16:
+        return launch(packed_u8, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset,
+                      nested_blocksize)
+    nested = nested_code is not None
+    key = (out.dtype, out.get_device(), numel, blocksize, packed_u8.data_ptr(), absmax.data_ptr(), absmax.dtype,
+           absmax.numel(), code.data_ptr(), nested_code.data_ptr() if nested else 0,
+           nested_absmax.data_ptr() if nested else 0, offset.data_ptr() if nested else 0, nested_blocksize)
+    prepared = _CACHED.get(key)
+    if prepared is not None:
+        return prepared(out)
+    prepared = Prepared(packed_u8, absmax, code, blocksize, numel, nested_code, nested_absmax, offset,
+                        nested_blocksize, fast=True)
+    prepared(out)
+    if prepared.runner is not None:  # addresses only from now on
+        if len(_CACHED) >= _MAX_CACHED:
+            _CACHED.clear()
+        _CACHED[key] = prepared
+    return out
