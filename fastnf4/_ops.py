@@ -15,6 +15,7 @@ Ops (flat tensors; the Python API in :mod:`fastnf4.api` reshapes):
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -35,19 +36,7 @@ def _same_device(what: str, t: torch.Tensor, device: torch.device) -> None:
     _require(t.device == device, ValueError, f"{what} is on {t.device}, expected {device} (device mismatch)")
 
 
-class _Current:
-    """The context of a call whose tensors are on the current device already (nothing to switch)."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> bool:
-        return False
-
-
-_CURRENT = _Current()
+_CURRENT = contextlib.nullcontext()  # the context of a call whose tensors are on the current device already
 
 
 def on_device(t: torch.Tensor):
