@@ -20,9 +20,7 @@ PICK = {("gemma-3-27b", "o"), ("gemma-3-27b", "q"), ("qwen3-32b", "o"), ("llama-
 def main():
     rows = []
     torch.manual_seed(0)
-    for model, layer, n, k, w, q in model_weights():
-        if (model, layer) not in PICK:
-            continue
+    for model, layer, n, k, w, q in model_weights(only=PICK):
         ws, qs = rotated(w, q)
         wds = [fastnf4.dequantize(qq) for qq in qs]
         bufs = [torch.empty(n * k, dtype=torch.bfloat16, device="cuda") for _ in qs]

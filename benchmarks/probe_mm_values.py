@@ -16,9 +16,7 @@ from probe_weights import model_weights, write_rows
 def main():
     rows = []
     torch.manual_seed(0)
-    for model, layer, n, k, w, q in model_weights():
-        if (model, layer) not in PICK:
-            continue
+    for model, layer, n, k, w, q in model_weights(only=PICK):
         r = rotation_count(n * k * 2)
         wd = fastnf4.dequantize(q)
         perm = torch.randperm(n * k, device="cuda")

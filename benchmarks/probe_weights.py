@@ -10,18 +10,21 @@ from fastnf4.bench.common import clone_weight
 from fastnf4.bench.harness import environment, model_shapes, rotation_count, time_graphs
 
 
-def model_weights(min_packed_bytes: float = 8e6):
+def model_weights(min_packed_bytes: float = 8e6, only: set | None = None):
     """Each distinct (N, K) linear weight of the three models whose packed NF4 weight has at least
     ``min_packed_bytes``: yields (model, layer, n, k, w, q), w a fresh random bf16 weight on the GPU (std 0.02, drawn
     when the weight's turn comes, so the caller's own draws in between keep their order) and q its NF4 (blocksize 64,
-    double quantization)."""
+    double quantization). ``only``: the (model, layer) pairs to yield; the others are still drawn (and quantized), so
+    the yielded weights are the ones a full walk gives."""
     seen = set()
     for model, layer, n, k in model_shapes():
         if (n, k) in seen or n * k // 2 < min_packed_bytes:
             continue
         seen.add((n, k))
         w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-        yield model, layer, n, k, w, fastnf4.quantize(w, blocksize=64, double_quant=True)
+        q = fastnf4.quantize(w, blocksize=64, double_quant=True)
+        if only is None or (model, layer) in only:
+            yield model, layer, n, k, w, q
 
 
 def rotated(w, q):
