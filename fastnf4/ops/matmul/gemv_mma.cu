@@ -449,26 +449,6 @@ __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* 
       "l"(src), "r"(static_cast<uint32_t>(on)), "l"(policy));
 }
 
-#if defined(FASTNF4_PIPE_BULK)  // A / B (session 34): the decode kernel's weight ring filled by bulk copies (sm_90)
-__device__ __forceinline__ void mbar_init1(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
-}
-__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-// ``bytes`` (a multiple of 16) global -> shared, completing on ``bar``; evict-first in L2
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
-}
-#endif
-
 // the block of the first code of row tile * 16 + lane / 2 in the phase at ``slice``: its statistics window starts at
 // or below it (fetch_stats, decode_stats)
 __device__ __forceinline__ long long row_block0(const Params& p, long long tile, int slice, int lane, int log2_bs) {
@@ -956,52 +936,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // the weights are read once: their L2 lines are marked evict-first (H200, probe_decode.py: 2.6-4.7% faster on the
   // five large weights, two alternating rounds; as for the dequantize kernel's loads, NOTES.md session 7)
   const uint64_t wpolicy = evict_first_policy();
-#if defined(FASTNF4_PIPE_BULK)
-  // stage i's mbarrier in the padding of statistics row i (floats 32-33: write_phase fills 0-31); lane r < 16 copies
-  // row r's 64 bytes of the slice with one bulk copy, lane 0 arms the barrier with the bytes first (every stage is
-  // armed once per fill, with 0 bytes past the end)
-  static_assert(kStages <= 16 && fastnf4_mma::kStatStride >= 34, "a barrier per stage in the statistics rows' padding");
-  const uint32_t bars_s = static_cast<uint32_t>(__cvta_generic_to_shared(stats + 32));
-  constexpr uint32_t kBarStride = 4 * fastnf4_mma::kStatStride;
-  if (lane == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init1(bars_s + kBarStride * i);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncwarp();
-  const uint8_t* ld_row = p.packed;  // lane r < 16: row tile * 16 + r of the load cursor's item
-  bool ld_row_on = false;
-  auto ld_rows_bulk = [&]() {
-    const long long row = ld.tile * 16 + (lane & 15);
-    ld_row_on = lane < 16 && row < N;
-    ld_row = ld_row_on ? p.packed + ((row * K) >> 1) : p.packed;
-  };
-  uint32_t rd_par = 0;  // the phase parity of the stage read next
-#endif
   auto issue = [&]() {
-#if defined(FASTNF4_PIPE_BULK)
-    const uint32_t bar = bars_s + kBarStride * ((ring_ld - ring_s) >> 10);
-    const int off = ld.slice * (kSlice / 2);
-    // bytes of each row inside K (a multiple of 16: K % 32 == 0); the rest of a stage keeps stale bytes, which decode
-    // to finite values and meet zero x
-    const int kb = ld.tile < tiles ? min(kSlice / 2, (K32 >> 1) - off) : 0;
-    const uint32_t rows = kb > 0 ? static_cast<uint32_t>(min(16LL, N - ld.tile * 16)) : 0u;
-    if (lane == 0) mbar_arrive_tx(bar, rows * static_cast<uint32_t>(kb > 0 ? kb : 0));
-    __syncwarp();
-    if (kb > 0 && ld_row_on) {
-      const int r = lane;
-      // (ring_ld is this lane's 16 bytes of the stage: the stage starts 16 lane bytes below)
-      bulk_copy(ring_ld - 16u * r + (r < 8 ? 64u * r : 512u + 64u * (r - 8)), ld_row + off, static_cast<uint32_t>(kb),
-                bar, wpolicy);
-    }
-    if (ld.tile < tiles) {
-      if (++ld.slice == ld.s_end) {
-        --ld.slice;
-        advance(ld);
-        ld_rows_bulk();
-      }
-    }
-    cp_async_commit();
-#else
     if (ld.tile < tiles) {
       const int off = ld.slice * (kSlice / 2);
       // (staged x is only taken with K % 128 == 0 and no split past the end: every slice lies inside the rows)
@@ -1016,15 +951,11 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       }
     }
     cp_async_commit();
-#endif
   };
   Cursor cp;
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
   ld = cp;
   ld_rows();
-#if defined(FASTNF4_PIPE_BULK)
-  ld_rows_bulk();
-#endif
   // nested absmax of the next phase in registers (cached loads; see fetch_stats) where x is staged: the register-x
   // builds keep the copies (with the two registers they lost 0.2-1.3 us at M = 2 on the H200, e.g. 5120 x 25600
   // 31.5 -> 32.9 us, where the cluster build spilled; equal at M = 1; NOTES.md session 23)
@@ -1074,10 +1005,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   for (int i = 0; i < 4; ++i) xs_keep[i] = make_uint4(0, 0, 0, 0);
   // this lane's 32 bytes of the slice at ring_rd (rows g and g + 8), read one slice ahead of their use
   auto read_ring = [&](uint4 (&w)[2]) {
-#if defined(FASTNF4_PIPE_BULK)
-    mbar_wait_parity(bars_s + kBarStride * ((ring_rd - ring_s) >> 10), rd_par);
-    if (ring_rd + 1024 == ring_end) rd_par ^= 1u;
-#endif
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[0].x), "=r"(w[0].y), "=r"(w[0].z), "=r"(w[0].w)
                  : "r"(ring_rd));
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[1].x), "=r"(w[1].y), "=r"(w[1].z), "=r"(w[1].w)
