@@ -31,10 +31,6 @@
 //
 // Requirements checked by the caller: K % 32 == 0, K < 2^31, x and y contiguous with 16-byte aligned rows,
 // packed 16-byte aligned, blocksize >= 32, nested statistics in blocks of 256 (bitsandbytes' only value).
-#if defined(FASTNF4_PIPE_TMA)
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#endif
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -453,27 +449,6 @@ __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* 
       "l"(src), "r"(static_cast<uint32_t>(on)), "l"(policy));
 }
 
-#if defined(FASTNF4_PIPE_TMA)  // A / B (session 34): the decode kernel's weight ring filled by bulk copies (sm_90)
-__device__ __forceinline__ void mbar_init1(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
-}
-__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-// one box (64 bytes x 16 rows of the packed weights) at byte column x, row y -> shared, completing on ``bar``
-__device__ __forceinline__ void tma_box(uint32_t dst, const void* map, int x, int y, uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar),
-      "l"(policy) : "memory");
-}
-#endif
-
 // the block of the first code of row tile * 16 + lane / 2 in the phase at ``slice``: its statistics window starts at
 // or below it (fetch_stats, decode_stats)
 __device__ __forceinline__ long long row_block0(const Params& p, long long tile, int slice, int lane, int log2_bs) {
@@ -764,20 +739,8 @@ struct Cursor {
 // slice as at M <= 2. Lane (g, t) then ends with x row t's two pair columns of rows g and g + 8 (no shuffle). x in
 // registers only (no staged-x build); with the block-local split-K a work item's partial sums (16 rows x 4 x rows) take
 // two holes (x rows 0-1, 2-3), so a block holds half as many.
-#if defined(FASTNF4_PIPE_TMA)
-struct PipeArg {
-  Params p;
-  CUtensorMap wmap;  // the packed weights as [N rows][K / 2 bytes], boxes of 16 rows x 64 bytes
-};
-#else
-struct PipeArg {
-  Params p;
-};
-#endif
-
 template <typename T, int CG, bool kNested, int kCfg = 0, int kLocal = 0, bool kXs = false, bool kPair = false>
-__global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ PipeArg arg) {
-  const Params& p = arg.p;
+__global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pipe(const __grid_constant__ Params p) {
   static_assert(!kXs || CG == 1, "staged x covers M <= 2");
   static_assert(!kPair || (CG == 1 && kLocal != 3 && !kXs), "pair columns: one column group, x in registers");
   static_assert(kLocal != 3 || kXs, "split-major global plans stage x");
@@ -973,38 +936,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // the weights are read once: their L2 lines are marked evict-first (H200, probe_decode.py: 2.6-4.7% faster on the
   // five large weights, two alternating rounds; as for the dequantize kernel's loads, NOTES.md session 7)
   const uint64_t wpolicy = evict_first_policy();
-#if defined(FASTNF4_PIPE_TMA)
-  // stage i's mbarrier in the padding of statistics row i (floats 32-33: write_phase fills 0-31); lane 0 arms it
-  // with the box's bytes and copies the slice's 16 rows x 64 bytes as one tensor-map box (rows past N and bytes past
-  // K arrive as zeros, and count); every stage is armed once per fill, with 0 bytes past the end
-  static_assert(kStages <= 16 && fastnf4_mma::kStatStride >= 34, "a barrier per stage in the statistics rows' padding");
-  const uint32_t bars_s = static_cast<uint32_t>(__cvta_generic_to_shared(stats + 32));
-  constexpr uint32_t kBarStride = 4 * fastnf4_mma::kStatStride;
-  if (lane == 0) {
-    if ((ring_s & 127u) != 0) __trap();  // (lane 0's ring address is the stage's: tensor copies want 128-byte aligned)
-    for (int i = 0; i < kStages; ++i) mbar_init1(bars_s + kBarStride * i);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncwarp();
-  uint32_t rd_par = 0;  // the phase parity of the stage read next
-#endif
   auto issue = [&]() {
-#if defined(FASTNF4_PIPE_TMA)
-    const uint32_t bar = bars_s + kBarStride * ((ring_ld - ring_s) >> 10);
-    const int off = ld.slice * (kSlice / 2);
-    const bool on = ld.tile < tiles && off < (K32 >> 1);
-    if (lane == 0) {
-      mbar_arrive_tx(bar, on ? 1024u : 0u);
-      if (on) tma_box(ring_ld, &arg.wmap, off, static_cast<int>(ld.tile * 16), bar, wpolicy);
-    }
-    if (ld.tile < tiles) {
-      if (++ld.slice == ld.s_end) {
-        --ld.slice;
-        advance(ld);
-      }
-    }
-    cp_async_commit();
-#else
     if (ld.tile < tiles) {
       const int off = ld.slice * (kSlice / 2);
       // (staged x is only taken with K % 128 == 0 and no split past the end: every slice lies inside the rows)
@@ -1019,7 +951,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       }
     }
     cp_async_commit();
-#endif
   };
   Cursor cp;
   begin(cp, warp0 / splits, static_cast<int>(warp0 % splits));
@@ -1074,10 +1005,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   for (int i = 0; i < 4; ++i) xs_keep[i] = make_uint4(0, 0, 0, 0);
   // this lane's 32 bytes of the slice at ring_rd (rows g and g + 8), read one slice ahead of their use
   auto read_ring = [&](uint4 (&w)[2]) {
-#if defined(FASTNF4_PIPE_TMA)
-    mbar_wait_parity(bars_s + kBarStride * ((ring_rd - ring_s) >> 10), rd_par);
-    if (ring_rd + 1024 == ring_end) rd_par ^= 1u;
-#endif
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[0].x), "=r"(w[0].y), "=r"(w[0].z), "=r"(w[0].w)
                  : "r"(ring_rd));
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[1].x), "=r"(w[1].y), "=r"(w[1].z), "=r"(w[1].w)
@@ -2285,32 +2212,6 @@ int fastnf4_gemv_mma(const Params* p, int dtype, int variant, int nested, int gr
     return (int)cudaErrorInvalidValue;
   if (f == nullptr) return (int)cudaErrorInvalidValue;
   void* args[] = {(void*)p};
-#if defined(FASTNF4_PIPE_TMA)
-  fastnf4_mma::PipeArg arg;
-  if (variant == 0 || variant == 5 || variant == 7 || variant == 8) {  // gemv_mma_pipe: the weights' tensor map
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (encode == nullptr) {
-      cudaDriverEntryPointQueryResult found;
-      void* fn = nullptr;
-      if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-              cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
-        cudaGetLastError();
-        return (int)cudaErrorNotSupported;
-      }
-      encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }
-    arg.p = *p;
-    const cuuint64_t dims[2] = {(cuuint64_t)(p->K / 2), (cuuint64_t)p->N};
-    const cuuint64_t strides[1] = {(cuuint64_t)(p->K / 2)};
-    const cuuint32_t box[2] = {64, 16};
-    const cuuint32_t unit[2] = {1, 1};
-    if (encode(&arg.wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p->packed), dims, strides, box, unit,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return (int)cudaErrorInvalidValue;
-    args[0] = (void*)&arg;
-  }
-#endif
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(fastnf4_mma::threads_for(variant));
