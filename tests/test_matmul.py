@@ -82,7 +82,10 @@ def test_dispatch_table():
     assert dispatch.choose_path(4, 5120, 8192, 64) == "dequant+matmul"
     assert dispatch.choose_path(16, 8192, 8192, 64) == "gemm"
     assert dispatch.choose_path(16, 5376, 21504, 64) == "dequant+matmul"
-    assert dispatch.choose_path(32, 57344, 8192, 64) == "dequant+matmul"
+    assert dispatch.choose_path(32, 57344, 8192, 64) == "gemm"
+    assert dispatch.choose_path(17, 28672, 8192, 64) == "gemm"
+    assert dispatch.choose_path(32, 25600, 5120, 64) == "dequant+matmul"
+    assert dispatch.choose_path(33, 57344, 8192, 64) == "dequant+matmul"
     assert dispatch.choose_path(512, 8192, 8192, 64) == "dequant+matmul"
     assert dispatch.choose_path(64, 57344, 8192, 64) == "dequant+matmul"  # no wgmma build (CPU, Ampere, ...)
 

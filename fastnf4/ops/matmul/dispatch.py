@@ -28,6 +28,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | a cluster of two where ``gemv_mma.local_plan`` finds a plan     |
 | 1, and 2 where N > 4096   | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
+| 17 .. 32, N >= 28672      | the same                                                        |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
 
 The CUDA kernels (quick runs on 5 model shapes, NOTES.md "Session 4"): the decode kernel (M <= 2) is 1.2-1.7x
@@ -73,6 +74,15 @@ GEMV_MAX_M = 2
 GEMV_M2_MAX_DQ_N = 4096
 FUSED_GEMM_MAX_M = 16
 FUSED_GEMM_MIN_N = 8192
+# ... and at M 17-32 on the widest weights: with the CUDA kernels off, the Triton GEMM at M = 32 beat dequantize +
+# cuBLAS on every weight of N >= 28672 on both GPUs measured, and lost on all narrower ones on the H200 (us, H200 /
+# H100: Llama gate+up 255 vs 270 / 250 vs 376, Llama gate_up 478 vs 527 / 465 vs 741, Qwen gate_up 294 vs 299 /
+# 291 vs 421, Gemma gate_up 248 vs 266 / 244 vs 372; Qwen gate+up (N = 25600) 158 vs 153 on the H200; session 34,
+# benchmarks/probe_triton_paths.py, results/h200-probe-triton-paths.json, h100-probe-triton-paths.json). Its time is
+# the same on both GPUs while dequantize + cuBLAS follows their bandwidth, so GPUs with less bandwidth than the H200
+# (all Ampere / Ada parts) can only favour it more.
+FUSED_GEMM_WIDE_MAX_M = 32
+FUSED_GEMM_WIDE_MIN_N = 28672
 
 
 @functools.cache
@@ -197,7 +207,7 @@ def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wg
         return "dequant+matmul"
     if m == 1 or (m <= GEMV_MAX_M and n > GEMV_M2_MAX_DQ_N):
         return "gemv"
-    if m <= FUSED_GEMM_MAX_M and n >= FUSED_GEMM_MIN_N:
+    if (m <= FUSED_GEMM_MAX_M and n >= FUSED_GEMM_MIN_N) or (m <= FUSED_GEMM_WIDE_MAX_M and n >= FUSED_GEMM_WIDE_MIN_N):
         return "gemm"
     return "dequant+matmul"
 
