@@ -86,8 +86,32 @@ def test_dispatch_table():
     assert dispatch.choose_path(17, 28672, 8192, 64) == "gemm"
     assert dispatch.choose_path(32, 25600, 5120, 64) == "dequant+matmul"
     assert dispatch.choose_path(33, 57344, 8192, 64) == "dequant+matmul"
+    # GPUs with less bandwidth per SM cycle than the H200: every M <= 32 where N >= 8192
+    assert dispatch.choose_path(32, 8192, 8192, 64) == "dequant+matmul"
+    assert dispatch.choose_path(32, 8192, 8192, 64, low_bw=True) == "gemm"
+    assert dispatch.choose_path(17, 10240, 5120, 64, low_bw=True) == "gemm"
+    assert dispatch.choose_path(32, 5120, 8192, 64, low_bw=True) == "dequant+matmul"
+    assert dispatch.choose_path(33, 8192, 8192, 64, low_bw=True) == "dequant+matmul"
+    assert dispatch.choose_path(32, 8192, 8192, 64, mma_ok=True, low_bw=True) == "mma"
     assert dispatch.choose_path(512, 8192, 8192, 64) == "dequant+matmul"
     assert dispatch.choose_path(64, 57344, 8192, 64) == "dequant+matmul"  # no wgmma build (CPU, Ampere, ...)
+
+
+def test_low_bandwidth_from_device_properties(monkeypatch):
+    from types import SimpleNamespace
+
+    # kHz / bits as CUDA reports them: the H200 (HBM3e, 6144-bit) has 18.8 bytes per SM cycle, the H100 SXM 12.8
+    h200 = SimpleNamespace(memory_clock_rate=3_201_000, memory_bus_width=6144, clock_rate=1_980_000,
+                           multi_processor_count=132)
+    h100 = SimpleNamespace(memory_clock_rate=2_619_000, memory_bus_width=5120, clock_rate=1_980_000,
+                           multi_processor_count=132)
+    old_torch = SimpleNamespace(multi_processor_count=132)  # a torch without the three properties
+    for props, want in ((h200, False), (h100, True), (old_torch, False)):
+        dispatch._bytes_per_sm_cycle.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index, props=props: props)
+        assert dispatch.low_bandwidth(torch.device("cuda", 0)) is want
+    dispatch._bytes_per_sm_cycle.cache_clear()
+    assert dispatch.low_bandwidth(torch.device("cpu")) is False
 
 
 def test_wgmma_dispatch_on_model_shapes():

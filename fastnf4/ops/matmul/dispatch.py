@@ -28,7 +28,8 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | a cluster of two where ``gemv_mma.local_plan`` finds a plan     |
 | 1, and 2 where N > 4096   | fused Triton GEMV (``gemv_kernel``)                             |
 | 3 .. 16, N >= 8192        | fused tensor-core GEMM (``gemm_kernel``)                        |
-| 17 .. 32, N >= 28672      | the same                                                        |
+| 17 .. 32, N >= 28672      | the same (on GPUs of less bandwidth per SM cycle than the H200: |
+|                           | M 3-32 where N >= 8192, ``low_bandwidth``)                      |
 | otherwise                 | fastnf4 dequantize + cuBLAS                                     |
 
 The CUDA kernels (quick runs on 5 model shapes, NOTES.md "Session 4"): the decode kernel (M <= 2) is 1.2-1.7x
@@ -83,11 +84,36 @@ FUSED_GEMM_MIN_N = 8192
 # (all Ampere / Ada parts) can only favour it more.
 FUSED_GEMM_WIDE_MAX_M = 32
 FUSED_GEMM_WIDE_MIN_N = 28672
+# GPUs with less memory bandwidth per SM cycle than the H200 (2 x memory clock x bus width / (SMs x SM clock): H200
+# 18.4 bytes and H100 SXM 12.8 as their torch properties give them; A100 10.2-13.4 and the Ada / Ampere consumer parts
+# 2-7 by their specifications) take the Triton GEMM at every M <= 32 where N >= 8192: on the H100 it beat dequantize
+# + cuBLAS on all of those at M 4-32 (0.44-0.93 of its time), since its time is set by the SMs and dequantize +
+# cuBLAS's by the bandwidth (session 34: results/h100-probe-triton-paths.json, and -lowbw.json after the change: no
+# pick slower than dequantize + cuBLAS). Unknown bandwidth (a torch without the properties): the H200 rules above.
+LOW_BANDWIDTH_BYTES_PER_SM_CYCLE = 15.0
 
 
 @functools.cache
 def _sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.cache
+def _bytes_per_sm_cycle(index: int) -> float | None:
+    p = torch.cuda.get_device_properties(index)
+    mem_khz, bus_bits, sm_khz = (getattr(p, a, 0) for a in ("memory_clock_rate", "memory_bus_width", "clock_rate"))
+    if not (mem_khz and bus_bits and sm_khz):
+        return None
+    return 2 * mem_khz * (bus_bits / 8) / (p.multi_processor_count * sm_khz)
+
+
+def low_bandwidth(device: torch.device) -> bool:
+    """Whether this GPU has less memory bandwidth per SM cycle than LOW_BANDWIDTH_BYTES_PER_SM_CYCLE (False where it
+    is not known, and off CUDA)."""
+    if device.type != "cuda":
+        return False
+    b = _bytes_per_sm_cycle(device.index if device.index is not None else torch.cuda.current_device())
+    return b is not None and b < LOW_BANDWIDTH_BYTES_PER_SM_CYCLE
 
 
 def num_sms(device: torch.device) -> int:
@@ -193,10 +219,10 @@ def wgmma_wanted(m: int, n: int, k: int) -> bool:
 
 
 def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wgmma_ok: bool = False,
-                pair_ok: bool = False) -> str:
+                pair_ok: bool = False, low_bw: bool = False) -> str:
     """``mma_ok`` / ``wgmma_ok``: the kernels of gemv_mma.cu / wgmma.cu are wanted here (``mma_wanted``,
     ``wgmma_wanted``) and can run; ``pair_ok``: gemv_mma.cu's pair-column decode kernel is (M 3-4,
-    ``gemv_mma.pair_wanted``), which then comes first."""
+    ``gemv_mma.pair_wanted``), which then comes first; ``low_bw``: the GPU is ``low_bandwidth``."""
     if pair_ok:
         return "mma"
     if wgmma_ok and wgmma_wanted(m, n, k):
@@ -207,7 +233,8 @@ def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wg
         return "dequant+matmul"
     if m == 1 or (m <= GEMV_MAX_M and n > GEMV_M2_MAX_DQ_N):
         return "gemv"
-    if (m <= FUSED_GEMM_MAX_M and n >= FUSED_GEMM_MIN_N) or (m <= FUSED_GEMM_WIDE_MAX_M and n >= FUSED_GEMM_WIDE_MIN_N):
+    max_m = FUSED_GEMM_WIDE_MAX_M if low_bw else FUSED_GEMM_MAX_M
+    if (m <= max_m and n >= FUSED_GEMM_MIN_N) or (m <= FUSED_GEMM_WIDE_MAX_M and n >= FUSED_GEMM_WIDE_MIN_N):
         return "gemm"
     return "dequant+matmul"
 
@@ -229,7 +256,7 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
     mma_ok = mma and supported
     wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k)
                 and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
-    return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok, pair_ok)
+    return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok, pair_ok, low_bandwidth(x2d.device))
 
 
 def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
