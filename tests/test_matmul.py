@@ -97,6 +97,21 @@ def test_dispatch_table():
     assert dispatch.choose_path(64, 57344, 8192, 64) == "dequant+matmul"  # no wgmma build (CPU, Ampere, ...)
 
 
+def test_wgmma_rules_on_low_bandwidth_gpus():
+    # H200 rules at M 257-512: N = 8192 from 20M elements, N >= 40960 from 200M; low-bandwidth GPUs add N >= 8192 or
+    # K >= 16384 from 20M
+    for n, k, h200, low in ((28672, 8192, False, True), (5120, 25600, False, True), (10240, 5120, False, True),
+                            (5120, 8192, False, False), (5376, 4096, False, False), (4096, 5376, False, False),
+                            (57344, 8192, True, True), (8192, 8192, True, True), (8192, 2048, False, False)):
+        assert dispatch.wgmma_wanted(512, n, k) is h200, (n, k)
+        assert dispatch.wgmma_wanted(512, n, k, low_bw=True) is low, (n, k)
+        assert dispatch.wgmma_wanted(257, n, k, low_bw=True) is low, (n, k)
+    assert dispatch.wgmma_wanted(256, 5376, 4096, low_bw=True)  # (M <= 256: every weight of >= 20M either way)
+    assert not dispatch.wgmma_wanted(513, 28672, 8192, low_bw=True)
+    assert dispatch.choose_path(512, 28672, 8192, 64, wgmma_ok=True) == "dequant+matmul"
+    assert dispatch.choose_path(512, 28672, 8192, 64, wgmma_ok=True, low_bw=True) == "wgmma"
+
+
 def test_low_bandwidth_from_device_properties(monkeypatch):
     from types import SimpleNamespace
 

@@ -108,7 +108,7 @@ def test_linear_every_path(dtype):
 def test_linear_triton_paths(monkeypatch):
     """The Triton GEMV / GEMM (what GPUs without the CUDA kernels run): the dispatcher with the CUDA kernels off."""
     monkeypatch.setattr(dispatch, "mma_wanted", lambda m, n, k: False)
-    monkeypatch.setattr(dispatch, "wgmma_wanted", lambda m, n, k: False)
+    monkeypatch.setattr(dispatch, "wgmma_wanted", lambda m, n, k, low_bw=False: False)
     monkeypatch.setattr(dispatch.gemv_mma, "pair_wanted", lambda m, n, k, blocksize: False)
     cases = [(8192, 4096, 1), (8192, 4096, 2), (8192, 4096, 8)]
     assert _paths(cases, torch.bfloat16) == {"gemv", "gemm"}

@@ -13,7 +13,8 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | blocksize >= 64 and K % 64 == 0 (``gemv_mma.pair_wanted``)      |
 | 3 .. 512 (sm_90, CUDA     | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
 | build there)              | where it beat the GEMM kernel (M <= 32) or dequantize + cuBLAS  |
-|                           | (``wgmma_wanted``)                                              |
+|                           | (``wgmma_wanted``; more at M 257-512 on GPUs of less bandwidth  |
+|                           | per SM cycle than the H200: ``low_bandwidth``)                  |
 | 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 2,   |
 |                           | GEMM kernel 2 < M <= 32), K % 32 == 0; at M 3-4 only weights of |
 |                           | >= 6M elements, at M 5-8 >= 10M, then N >= 4096 (M <= 16) /     |
@@ -211,7 +212,20 @@ WGMMA_RULES = (
 )
 
 
-def wgmma_wanted(m: int, n: int, k: int) -> bool:
+# On GPUs with less memory bandwidth per SM cycle than the H200 (``low_bandwidth``) dequantize + cuBLAS loses more:
+# at M 257-512 the wgmma kernel also takes every weight of >= 20M elements with N >= 8192 or K >= 16384. H100, session
+# 34 (probe_wgmma.py --ms 256,512, results/h100-probe-wgmma-m256-512.json; us at M = 512, wgmma vs dequantize +
+# cuBLAS): ahead on 15 of the 17 model weights, of those the rules above leave out Llama gate+up 483.1 vs 543.2,
+# Llama qkv 160.3 vs 190.8, Qwen gate+up 266.5 vs 311.8, Qwen qkv 105.8 vs 120.8, Qwen down 303.5 vs 312.0, Gemma
+# gate+up 253.5 vs 269.5, Gemma down 254.5 vs 273.4 and Gemma q 48.0 vs 51.3 (N 4096, K 5376: not taken); behind on
+# Qwen o 108.4 vs 96.7 and Gemma o 56.0 vs 52.8 (N <= 5376 and K <= 8192).
+WGMMA_LOW_BW_512 = (20 * 2**20, 8192, 16384)  # (smallest N * K, smallest N, or smallest K) at M 257-512
+
+
+def wgmma_wanted(m: int, n: int, k: int, low_bw: bool = False) -> bool:
+    elems, min_n, min_k = WGMMA_LOW_BW_512
+    if low_bw and 256 < m <= 512 and n * k >= elems and (n >= min_n or k >= min_k):
+        return True
     for largest_m, rules in WGMMA_RULES:
         if m <= largest_m:
             return any(n * k >= elems and lo <= n <= hi and k <= max_k for elems, lo, hi, max_k in rules)
@@ -225,7 +239,7 @@ def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wg
     ``gemv_mma.pair_wanted``), which then comes first; ``low_bw``: the GPU is ``low_bandwidth``."""
     if pair_ok:
         return "mma"
-    if wgmma_ok and wgmma_wanted(m, n, k):
+    if wgmma_ok and wgmma_wanted(m, n, k, low_bw):
         return "wgmma"
     if mma_ok and mma_wanted(m, n, k):
         return "mma"
@@ -254,9 +268,10 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
     supported = (mma or pair) and gemv_mma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize)
     pair_ok = pair and supported and gemv_mma.pair_resident(x2d, nested)
     mma_ok = mma and supported
-    wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k)
+    low_bw = low_bandwidth(x2d.device)
+    wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k, low_bw)
                 and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
-    return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok, pair_ok, low_bandwidth(x2d.device))
+    return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok, pair_ok, low_bw)
 
 
 def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
