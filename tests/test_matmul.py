@@ -115,8 +115,8 @@ def test_wgmma_rules_on_low_bandwidth_gpus():
 def test_low_bandwidth_from_device_properties(monkeypatch):
     from types import SimpleNamespace
 
-    # kHz / bits as CUDA reports them: the H200 (HBM3e, 6144-bit) has 18.8 bytes per SM cycle, the H100 SXM 12.8
-    h200 = SimpleNamespace(memory_clock_rate=3_201_000, memory_bus_width=6144, clock_rate=1_980_000,
+    # kHz / bits as torch reports them on the lent GPUs: H200 18.4 bytes per SM cycle, H100 SXM 12.8
+    h200 = SimpleNamespace(memory_clock_rate=3_201_000, memory_bus_width=6016, clock_rate=1_980_000,
                            multi_processor_count=132)
     h100 = SimpleNamespace(memory_clock_rate=2_619_000, memory_bus_width=5120, clock_rate=1_980_000,
                            multi_processor_count=132)
