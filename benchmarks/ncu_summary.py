@@ -28,21 +28,28 @@ def opcode(src: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", src.strip()).split(" ")[0]
 
 
+def stall_counts(rows: list[dict], stall_keys: list[str]) -> collections.Counter:
+    """Stall samples by reason (the key without its "stall_" prefix) over ``rows``."""
+    c = collections.Counter()
+    for r in rows:
+        for k in stall_keys:
+            c[k[6:]] += num(r[k])
+    return c
+
+
 def main() -> None:
     path, warps, cuts = sys.argv[1], float(sys.argv[2]), [int(c) for c in sys.argv[3:]]
     head, rows = load(path)
     stall_keys = [k for k in head if k.startswith("stall_") and "Not Issued" not in k]
     samples = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in rows)
     instr = sum(num(r["Instructions Executed"]) for r in rows)
-    stalls = collections.Counter()
+    stalls = stall_counts(rows, stall_keys)
     wf, wf_excess, wf_instr = collections.Counter(), collections.Counter(), collections.Counter()
     for r in rows:
         op = opcode(r["Source"])
         wf[op] += num(r["L1 Wavefronts Shared"])
         wf_excess[op] += num(r["L1 Wavefronts Shared Excessive"])
         wf_instr[op] += num(r["Instructions Executed"])
-        for k in stall_keys:
-            stalls[k[6:]] += num(r[k])
     total_wf = sum(wf.values())
     print(f"{path}: {samples:.0f} stall samples, {instr / warps:.0f} warp instructions per warp, "
           f"{total_wf:.0f} shared-memory wavefronts")
@@ -57,11 +64,7 @@ def main() -> None:
         part = rows[a:b]
         s = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in part)
         e = sum(num(r["Instructions Executed"]) for r in part)
-        c = collections.Counter()
-        for r in part:
-            for k in stall_keys:
-                c[k[6:]] += num(r[k])
-        top = ", ".join(f"{k} {100 * v / samples:.1f}" for k, v in c.most_common(4))
+        top = ", ".join(f"{k} {100 * v / samples:.1f}" for k, v in stall_counts(part, stall_keys).most_common(4))
         print(f"  lines {a}-{b}: {e / warps:7.1f} instructions per warp, {100 * s / samples:5.1f}% of samples ({top})")
 
 

@@ -113,14 +113,14 @@ def low_bandwidth(device: torch.device) -> bool:
     is not known, and off CUDA)."""
     if device.type != "cuda":
         return False
-    b = _bytes_per_sm_cycle(device.index if device.index is not None else torch.cuda.current_device())
+    b = _bytes_per_sm_cycle(gemv_mma._index(device))
     return b is not None and b < LOW_BANDWIDTH_BYTES_PER_SM_CYCLE
 
 
 def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: small grids keep the CPU tests quick but still exercise split-K
-    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+    return _sms(gemv_mma._index(device))
 
 
 def mma_wanted(m: int, n: int, k: int) -> bool:
