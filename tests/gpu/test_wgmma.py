@@ -72,6 +72,37 @@ def test_every_variant_and_split_k(bm, splits, full_tiles):
                full_tiles=full_tiles)
 
 
+
+@pytest.mark.parametrize("n, k", [(700, 64 * 66), (2000, 1536), (10240, 1024)])
+@pytest.mark.parametrize("blocksize, nested", [(64, True), (64, False), (256, True), (4096, False)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wide_build(n, k, blocksize, nested, dtype):
+    """The BM 128 build of 192 weight rows per block (three warpgroups): within the error budget, forced or split
+    (N ending inside a 192-row tile, K without statistics quads, blocksizes 64-4096, nested on / off, bias), and
+    with K unsplit the same bits as the 128-row build (each output is the same chain of wgmma steps)."""
+    torch.manual_seed(n + k + blocksize)
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
+                         double_quant=nested)
+    prepared = wgmma.Prepared(*linear_args(q))
+    if prepared.rows_for(128, dtype, None) == wgmma.ROWS and n >= wgmma.WIDE_MIN_N:
+        pytest.skip("the wide build cannot run on this GPU")
+    for m in (65, 100, 128):
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
+        for splits, full in ((None, None), (1, None), (3, None), (3, 1)):
+            _check(q, m, dtype, bias, rows=wgmma.ROWS_WIDE, splits=splits, full_tiles=full)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        ys = []
+        for rows in (wgmma.ROWS, wgmma.ROWS_WIDE):
+            y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            prepared(x, bias, y=y, splits=1, rows=rows)
+            ys.append(y)
+        assert torch.isfinite(ys[0]).all() and torch.equal(ys[0], ys[1])
+    # the default takes it by N at BM 128 only; forcing it elsewhere is an error
+    assert prepared.launch_plan(128, dtype)[5] == (wgmma.ROWS_WIDE if n >= wgmma.WIDE_MIN_N else wgmma.ROWS)
+    assert prepared.launch_plan(200, dtype)[5] == wgmma.ROWS  # BM 256
+    with pytest.raises(ValueError, match="rows"):
+        prepared(torch.randn(64, k, device="cuda", dtype=dtype), rows=wgmma.ROWS_WIDE)  # BM 64
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tail_plan_matches_and_replays_equal(dtype):
     """Gemma gate+up at M = 128 takes the tail plan on an H100 / H200 (132 SMs: 132 tiles whole, 36 in 3 parts)."""
@@ -135,7 +166,7 @@ def test_cluster_split_sum_equals_the_sum_kernel(bm, splits, nested, dtype):
     prepared = wgmma.Prepared(*linear_args(q))
     for m in (max(1, bm - 3), bm + 5):
         assert prepared.launch_plan(m, dtype, bm=bm, splits=splits, cluster=True)[1:] == (splits, -(-66 // splits),
-                                                                                         0, True)
+                                                                                         0, True, wgmma.ROWS)
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
         ys = []
@@ -158,7 +189,7 @@ def test_cluster_sum_only_where_it_applies():
         with pytest.raises(ValueError, match="cluster"):
             prepared(x, cluster=True, **force)
     for m in (8, 16, 32, 64):
-        bm, s, per, full, cluster = prepared.launch_plan(m, torch.bfloat16)
+        bm, s, per, full, cluster, _ = prepared.launch_plan(m, torch.bfloat16)
         clusters = prepared.lib.clusters.get((0, bm, int(prepared.nested), s), 0)
         assert cluster == (wgmma.CLUSTER_SUM and full == 0 and 2 <= s <= 8 and bm <= 64 and -(-m // bm) * 3 <= clusters)
 

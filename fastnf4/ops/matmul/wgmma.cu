@@ -1,8 +1,8 @@
 // Batch- and prefill-size NF4 matmul on Hopper's warpgroup tensor cores (wgmma, sm_90a):
 // y[M, N] = x[M, K] @ dequant(W[N, K]).T (+ bias), straight from the bitsandbytes packed layout.
 //
-// Block tile: 128 weight rows (two warpgroups of 64) x BM rows of x (BM = 8 / 16 / 32 / 64 / 128 / 256), K in steps
-// of 64.
+// Block tile: 128 weight rows (two warpgroups of 64; a second BM 128 build has 192, three warpgroups: Rows) x BM rows
+// of x (BM = 8 / 16 / 32 / 64 / 128 / 256), K in steps of 64.
 // The weights are the wgmma A operand, taken from registers: each warp decodes its 16 rows of a k16 step into
 // exactly the m16n8k16 A fragment (lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, k pairs 2t and
 // 2t + 8), so the decoded weight never touches shared or global memory. One packed byte is one k pair: lane t
@@ -79,7 +79,7 @@ struct KParams {
   Params p;
 };
 
-constexpr int kBN = 128;        // weight rows per block: two warpgroups x 64
+constexpr int kBN = 128;        // weight rows per block: two warpgroups x 64 (the default; see Rows)
 constexpr int kStep = 64;       // K per step
 constexpr int kThreads = 256;
 // Table region: 256 entries of 256 bytes. Entry v's first 128 bytes hold 16 copies of the float32 code pair
@@ -89,13 +89,27 @@ constexpr int kThreads = 256;
 // + 32 (r % 4); 4 of per-row statistics words; 4 of nested absmax), so the weights and statistics can be loaded
 // far ahead (kWStages) without taking shared memory from the x ring.
 constexpr int kTableBytes = 256 * 256;
-constexpr int kHoles = 40;
+
+// Weight rows per block BN = 64 per warpgroup, two threads per row (each copies half of it): 128 rows (two
+// warpgroups, 256 threads) in every variant, and a second BM 128 build of 192 rows (three warpgroups, 384 threads,
+// at most 168 registers: 165-167 used, no spills), which wgmma.py takes for wide weights (ROWS_WIDE): x leaves the
+// L2 once per 192 weight rows instead of 128 and each scheduler has three warps instead of two. H200, M = 128
+// (benchmarks/probe_wgmma_build.py, two rounds, results/h200-probe-wgmma-bn192.json): 7-17% faster on every weight
+// with N >= 10240 (Qwen gate+up 103.6 -> 85.8 us, Llama gate+up 159.7 -> 146.2, gate_up 319.4 -> 301.9), slower
+// on the narrower ones (Gemma o 24.7 -> 28.4: fewer tiles to spread). A stage holds BN / 4 holes of weights and
+// BN / 32 of each statistics kind (40 holes at 128 rows: 6 stages; 60 at 192: 4).
+template <int BN> struct Rows {
+  static constexpr int kThreads = 2 * BN;
+  static constexpr int kWHoles = BN / 4, kSHoles = BN / 32;
+  static constexpr int kHoles = kWHoles + 2 * kSHoles;
 #if defined(FASTNF4_WG_WSTAGES)  // experiments (benchmarks/probe_wgmma_parts.py)
-constexpr int kWStages = FASTNF4_WG_WSTAGES;
+  static constexpr int kWStages = FASTNF4_WG_WSTAGES;
 #else
-constexpr int kWStages = 6;
+  static constexpr int kWStages = 6 * kHoles <= 256 ? 6 : 4;
 #endif
-static_assert(kWStages * kHoles <= 256, "the weight ring fits in the table's holes");
+  static_assert(kWStages * kHoles <= 256, "the weight ring fits in the table's holes");
+  static constexpr int kQuadBytes = 16 * BN;  // a statistics quad slot (see below)
+};
 
 // "Rounded-code" decode for the variants with BM <= kFastMaxBM: the table holds the code pairs already rounded to
 // the input dtype (32 copies of 4 bytes), a pair is one PRMT + one 4-byte shared load, and the absmax is applied
@@ -127,8 +141,7 @@ constexpr int kUnroll2MaxBM = 32;
 // Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
 // chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
 // instead of one per step (H200: the per-step statistics copies cost 10-26% of the kernel's time); a ring of
-// three 2 KiB slots (row r: float chunk at 16 r; nested: code word at 4 r, nested absmax at 512 + 4 r).
-constexpr int kQuadBytes = 2048;
+// three slots of 16 bytes per row (row r: float chunk at 16 r; nested: code word at 4 r, nested absmax at 4 BN + 4 r).
 
 // Variants with BM <= kTrimMaxBM keep the per-step bookkeeping off the issue slots: the weight ring slot is carried
 // from step to step instead of taken modulo kWStages, the statistics quads have 4 slots (a mask, not a modulo by
@@ -151,7 +164,7 @@ constexpr int kTrimFromBM = FASTNF4_WG_TRIM_FROM_BM;
 constexpr int kTrimFromBM = 128;
 #endif
 
-template <int BM> struct Cfg {
+template <int BM, int BN = kBN> struct Cfg {
   // x ring stages (x loads run kXStages - 1 steps ahead, weights kWStages - 1, see the main loop) and resident
   // blocks per SM: BM <= 64 fits two blocks (<= 128 registers), the others one (shared memory keeps it at two)
 #if defined(FASTNF4_WG_XSTAGES)
@@ -159,7 +172,7 @@ template <int BM> struct Cfg {
 #else
   static constexpr int kXStages = 4;
 #endif
-  static constexpr int kBlocks = BM <= 64 ? 2 : 1;
+  static constexpr int kBlocks = BM <= 64 && BN == kBN ? 2 : 1;
   static constexpr bool kTrim = BM <= kTrimMaxBM || BM >= kTrimFromBM;
   static constexpr int kQuadSlots = kTrim ? 4 : 3;
   // the trimmed variants also take the block barrier and issue their copies every other step only (H200, NOTES.md
@@ -172,9 +185,9 @@ template <int BM> struct Cfg {
   static_assert(!kPair || kXStages == 4, "paired steps: x stage i & 3, even-step refills");
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
   static constexpr int kRing = kXStages * kXBytes;
-  static constexpr int kOutRow = (kBN + 8) * 2;   // bytes per staged output row (padded: no bank conflicts)
+  static constexpr int kOutRow = (BN + 8) * 2;    // bytes per staged output row (padded: no bank conflicts)
   // alignment slack, table + weights, x ring, nested code, statistics quads, x stage barriers
-  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * kQuadBytes + 8 * kXStages;
+  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * Rows<BN>::kQuadBytes + 8 * kXStages;
   static_assert(kBlocks * (kSmem + 1024) <= 228 * 1024, "resident blocks fit in shared memory");
   static_assert(BM * kOutRow <= kRing, "the output staging reuses the x ring");
 };
@@ -563,9 +576,12 @@ __device__ __forceinline__ uint32_t decode_pair_rounded(uint32_t table_s, uint32
   return lds32(table_s + __byte_perm(w, lane4, sel));
 }
 
-template <typename T, int BM, bool kNested, bool kFast>
-__global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __grid_constant__ KParams kp) {
-  using C = Cfg<BM>;
+template <typename T, int BM, bool kNested, bool kFast, int BN>
+__global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_wgmma(const __grid_constant__ KParams kp) {
+  using C = Cfg<BM, BN>;
+  using R = Rows<BN>;
+  constexpr int kBN = BN, kThreads = R::kThreads, kHoles = R::kHoles, kWStages = R::kWStages;
+  constexpr int kQuadBytes = R::kQuadBytes, kWHoles = R::kWHoles, kSHoles = R::kSHoles;
   const Params& p = kp.p;
   constexpr int kAcc = BM / 2, kXStages = C::kXStages;
   constexpr bool kUnroll2 = BM <= kUnroll2MaxBM;
@@ -602,6 +618,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   // code-pair table: entry v = (code[v >> 4], code[v & 15]) in float32, 16 copies (rounded-code decode: in the
   // input dtype, 32 copies)
   {
+    if (kThreads == 256 || tid < 256) {  // (one thread per table entry)
     const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
     if constexpr (kFast) {
       const uint32_t pr = Pair<T>::make(hi, lo);
@@ -615,6 +632,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
                      "f"(lo));
     }
     if constexpr (kNested) ncode[tid] = p.nested_code[tid];
+    }
     if (tid == 0) {
       for (int i = 0; i < kXStages; ++i) mbar_init(bars + 8 * i, 1);
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -631,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const uint32_t lane_off = kFast ? 4u * lane : 8u * (lane & 15);  // this lane's copy in a table entry
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
-  const uint32_t qa_off = hole(32 + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(32 + (rb >> 5)) + 4 * (rb & 31);
+  const uint32_t qa_off = hole(kWHoles + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(kWHoles + (rb >> 5)) + 4 * (rb & 31);
   const uint32_t rka = static_cast<uint32_t>(min(n0 + ra, p.N - 1) * p.K);
   const uint32_t rkb = static_cast<uint32_t>(min(n0 + rb, p.N - 1) * p.K);
   const uint32_t lb = static_cast<uint32_t>(p.log2_blocksize);
@@ -643,17 +661,17 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 
   // copies of one step: thread 0 starts the TMA load of the x tile; thread tid copies half (tid & 1) of weight
   // row tid / 2 and one statistics word: the absmax (plain) or the aligned word holding the 8-bit code (nested) of
-  // row tid (tid < 128), the nested absmax of row tid - 128 (nested, tid >= 128). Rows past N take row N - 1 (never
+  // row tid (tid < BN), the nested absmax of row tid - BN (nested, tid >= BN). Rows past N take row N - 1 (never
   // stored); x rows past M arrive as zeros.
   const int wr = tid >> 1, wh = tid & 1;
   const bool w_ok = n0 + wr < p.N;
   const uint8_t* w_src = p.packed + (w_ok ? (n0 + wr) * (p.K / 2) + 16 * wh : 0);
   const uint32_t w_dst = hole(wr >> 2) + 32 * (wr & 3) + 16 * wh;
-  const int sr = tid & 127;
-  const bool s_nab = kNested && tid >= 128;  // this thread copies the nested absmax
-  const bool s_on = kNested || tid < 128;
+  const int sr = kBN == 128 ? tid & 127 : tid % kBN;
+  const bool s_nab = kNested && tid >= kBN;  // this thread copies the nested absmax
+  const bool s_on = kNested || tid < kBN;
   const long long s_rowk = min(n0 + sr, p.N - 1) * p.K;
-  const uint32_t s_dst = hole((s_nab ? 36 : 32) + (sr >> 5)) + 4 * (sr & 31);
+  const uint32_t s_dst = hole((s_nab ? kWHoles + kSHoles : kWHoles) + (sr >> 5)) + 4 * (sr & 31);
 
   // weight ring slot (step i's slot is i % kWStages; the trimmed variants carry it instead of dividing)
   auto slot_base = [&](int slot) { return table_s + static_cast<uint32_t>(slot * kHoles * 256); };
@@ -678,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
       if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
-        const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 512 : 0) + 4 * sr : 16 * sr) : ws + s_dst;
+        const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr) : ws + s_dst;
         if constexpr (kNested) {
           cp_async4(dst, s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
                                : aligned_down(static_cast<const uint8_t*>(p.absmax) + blk, 4));
@@ -706,13 +724,13 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
     return 1.f;
 #endif
     const uint32_t blk = (rk + static_cast<uint32_t>(kstep(i) * kStep)) >> lb;
-    // the row's words: in its quad slot (float chunk at 16 r; code word at 4 r, nested absmax 512 bytes further)
-    // or in the weight stage (at q_off; nested absmax 4 holes = 1024 bytes further)
+    // the row's words: in its quad slot (float chunk at 16 r; code word at 4 r, nested absmax 4 BN bytes further)
+    // or in the weight stage (at q_off; nested absmax BN / 32 holes further)
     const uint32_t at = quad ? quad_at(i) + (kNested ? 4 : 16) * r : ws + q_off;
     if constexpr (kNested) {
       const uint32_t q = (lds32(at) >> (8 * ((elem_lo + blk) & 3))) & 255u;
       // as bitsandbytes: two roundings
-      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(at + (quad ? 512 : 1024)))), offset);
+      return __fadd_rn(__fmul_rn(ncode[q], __uint_as_float(lds32(at + (quad ? 4 * kBN : 256 * kSHoles)))), offset);
     } else {
       return __uint_as_float(lds32(quad ? at + 4 * ((elem_lo + blk) & 3) : at));
     }
@@ -732,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   auto read_quad = [&](int i, int r, float (&q)[4]) {
     const uint32_t at = quad_at(i) + (kNested ? 4 : 16) * r;
     if constexpr (kNested) {
-      const uint32_t codes = lds32(at), nab = lds32(at + 512);
+      const uint32_t codes = lds32(at), nab = lds32(at + 4 * kBN);
 #pragma unroll
       for (int e = 0; e < 4; ++e)  // as bitsandbytes: two roundings
         q[e] = __fadd_rn(__fmul_rn(ncode[(codes >> (8 * e)) & 255u], __uint_as_float(nab)), offset);
@@ -920,6 +938,7 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   const long long na = n0 + ra, nb = n0 + rb;
   if constexpr (BM <= kClusterMaxBM) {
     if (p.cluster > 1) {  // (then full_tiles = 0: every block is a part)
+      static_assert(BN == fastnf4_wg::kBN, "cluster sums: the 128-row builds");
       cluster_sum<T, BM>(p, acc, table_s, static_cast<int>(split), m0, n0, ra, rb, tid, t);
       return;
     }
@@ -950,11 +969,13 @@ __global__ void __launch_bounds__(kThreads, Cfg<BM>::kBlocks) nf4_wgmma(const __
   }
   __syncthreads();
   const bool vec = (p.N % 8) == 0;
+  constexpr int kPieces = kBN / 8;  // 16-byte pieces per row of y
 #pragma unroll
-  for (int c0 = 0; c0 < BM * 16; c0 += kThreads) {
-    const int c = c0 + tid, r = c >> 4, q = c & 15;
+  for (int c0 = 0; c0 < BM * kPieces; c0 += kThreads) {
+    const int c = c0 + tid, r = kBN == 128 ? c >> 4 : c / kPieces, q = kBN == 128 ? c & 15 : c % kPieces;
     const long long m = m0 + r, n = n0 + 8 * q;
-    if ((BM * 16 < kThreads && r >= BM) || m >= p.M || n >= p.N) continue;  // (BM 8: 128 pieces, 256 threads)
+    // (BM 8: 128 pieces, 256 threads)
+    if ((BM * kPieces % kThreads != 0 && r >= BM) || m >= p.M || n >= p.N) continue;
     const uint16_t* src = stage + r * kRowH + 8 * q;
     uint16_t* dst = reinterpret_cast<uint16_t*>(p.y) + m * p.N + n;
     if (vec) {
@@ -1041,19 +1062,24 @@ void launch_sum(const Params* p, int splits, long long w, long long col0, cudaSt
   }
 }
 
-// a variant's kernel and its dynamic shared memory (kernel null: no such variant); the BM list lives here only
+// a variant's kernel, its dynamic shared memory, threads and weight rows per block (kernel null: no such variant);
+// the (BM, rows) list lives here only
 struct Variant {
   void* f;
   int smem;
+  int threads;
+  int rows;
 };
 
-template <typename T, bool kNested, int BM>
+template <typename T, bool kNested, int BM, int BN = kBN>
 Variant variant_of() {
-  return {(void*)nf4_wgmma<T, BM, kNested, (BM <= kFastMaxBM)>, Cfg<BM>::kSmem};
+  return {(void*)nf4_wgmma<T, BM, kNested, (BM <= kFastMaxBM), BN>, Cfg<BM, BN>::kSmem, Rows<BN>::kThreads, BN};
 }
 
 template <typename T, bool kNested>
-Variant pick(int bm) {
+Variant pick(int bm, int rows) {
+  if (rows == 192) return bm == 128 ? variant_of<T, kNested, 128, 192>() : Variant{nullptr, 0, 0, 0};
+  if (rows != kBN) return {nullptr, 0, 0, 0};
   switch (bm) {
     case 8: return variant_of<T, kNested, 8>();
     case 16: return variant_of<T, kNested, 16>();
@@ -1062,14 +1088,14 @@ Variant pick(int bm) {
     case 128: return variant_of<T, kNested, 128>();
     case 256: return variant_of<T, kNested, 256>();
   }
-  return {nullptr, 0};
+  return {nullptr, 0, 0, 0};
 }
 
 // The launch of variant v on `grid` in clusters of `size` blocks along z (attr: storage for its one attribute).
 cudaLaunchConfig_t cluster_launch(const Variant& v, dim3 grid, int size, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3((unsigned)v.threads);
   cfg.dynamicSmemBytes = (size_t)v.smem;
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
@@ -1081,9 +1107,9 @@ cudaLaunchConfig_t cluster_launch(const Variant& v, dim3 grid, int size, cudaStr
   return cfg;
 }
 
-Variant variant_for(int dtype, int bm, int nested) {
-  if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(bm) : pick<__nv_bfloat16, false>(bm);
-  return nested ? pick<__half, true>(bm) : pick<__half, false>(bm);
+Variant variant_for(int dtype, int bm, int nested, int rows) {
+  if (dtype == 0) return nested ? pick<__nv_bfloat16, true>(bm, rows) : pick<__nv_bfloat16, false>(bm, rows);
+  return nested ? pick<__half, true>(bm, rows) : pick<__half, false>(bm, rows);
 }
 
 }  // namespace fastnf4_wg
@@ -1092,16 +1118,17 @@ using fastnf4_wg::Params;
 
 extern "C" {
 
-// Prepares a variant (shared-memory size attribute; loads the module): 1 when it can run on this GPU, else 0.
-int fastnf4_wgmma_ready(int dtype, int bm, int nested) {
-  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
+// Prepares a variant (BM, rows: weight rows per block, see Rows; shared-memory size attribute; loads the module):
+// its resident blocks per SM, 0 when it cannot run on this GPU or is not built.
+int fastnf4_wgmma_ready(int dtype, int bm, int nested, int rows) {
+  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested, rows);
   if (v.f == nullptr) return 0;
   if (cudaFuncSetAttribute(v.f, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, v.f, fastnf4_wg::kThreads, v.smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, v.f, v.threads, v.smem) !=
       cudaSuccess) {
     cudaGetLastError();
     return 0;
@@ -1113,7 +1140,7 @@ int fastnf4_wgmma_params_size() { return (int)sizeof(Params); }
 
 // Clusters of `size` blocks (along z) that can be resident at once (cudaOccupancyMaxActiveClusters; 0: none / error).
 int fastnf4_wgmma_clusters(int dtype, int bm, int nested, int size) {
-  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
+  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested, fastnf4_wg::kBN);
   if (v.f == nullptr || size < 2 || size > 8) return 0;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = fastnf4_wg::cluster_launch(v, dim3(1, 1, (unsigned)size), size, 0, &attr);
@@ -1125,11 +1152,12 @@ int fastnf4_wgmma_clusters(int dtype, int bm, int nested, int size) {
   return clusters;
 }
 
-// dtype 0 = bf16, 1 = fp16; gx x row tiles; p->full_tiles whole weight row tiles, then p->tail_tiles of them in
+// dtype 0 = bf16, 1 = fp16; rows: weight rows per block (128, or 192 at BM 128); gx x row tiles; p->full_tiles
+// whole weight row tiles, then p->tail_tiles of them in
 // `splits` parts each (the grid's y: full_tiles + tail_tiles x splits); p->cluster = splits (full_tiles = 0, no y32)
 // launches clusters of `splits` blocks that sum the parts themselves; returns a cudaError_t.
-int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int splits, cudaStream_t stream) {
-  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested);
+int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int rows, int gx, int splits, cudaStream_t stream) {
+  const fastnf4_wg::Variant v = fastnf4_wg::variant_for(dtype, bm, nested, rows);
   if (v.f == nullptr) return (int)cudaErrorInvalidValue;
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
@@ -1153,7 +1181,7 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return (int)cudaErrorInvalidValue;
-  const long long col0 = p->full_tiles * fastnf4_wg::kBN, w = p->N - col0;
+  const long long col0 = p->full_tiles * v.rows, w = p->N - col0;
   const long long gy = p->full_tiles + p->tail_tiles * splits;
   const bool cluster = p->cluster > 1;
   if (gx < 1 || splits < 1 || p->full_tiles < 0 || p->tail_tiles < 0 || gy < 1 || gy > 65535 ||
@@ -1168,7 +1196,7 @@ int fastnf4_wgmma(const Params* p, int dtype, int bm, int nested, int gx, int sp
         fastnf4_wg::cluster_launch(v, dim3(gx, (unsigned)p->tail_tiles, (unsigned)splits), splits, stream, &attr);
     return (int)cudaLaunchKernelExC(&cfg, v.f, args);
   }
-  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3(fastnf4_wg::kThreads), args, v.smem, stream);
+  cudaError_t rc = cudaLaunchKernel(v.f, dim3(gx, (unsigned)gy, 1), dim3((unsigned)v.threads), args, v.smem, stream);
   if (rc != cudaSuccess || p->tail_tiles == 0) return (int)rc;
   // split-K: the partial slices are complete when the next kernel on the stream starts
   if (dtype == 0) {

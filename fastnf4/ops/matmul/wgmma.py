@@ -17,6 +17,15 @@ from ... import _cuda
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
+# The BM 128 build with 192 weight rows per block (three warpgroups; wgmma.cu Rows) on weights of N >= WIDE_MIN_N.
+# H200, M = 128 (benchmarks/probe_wgmma_build.py, 128 vs 192 rows in two alternating rounds, best of each,
+# results/h200-probe-wgmma-bn192.json): faster on all seven model weights of N >= 10240 (Qwen gate+up 103.6 -> 85.8
+# us, Qwen qkv 52.8 -> 45.2, Llama qkv 74.5 -> 67.8, Llama gate+up 159.7 -> 146.2, Gemma gate+up 80.1 -> 74.7, the
+# three fused gate_up 5-9%), level or slower on the narrower ones (Gemma qkv 36.7 / 36.3, Llama q+o 48.8 / 48.7, Qwen
+# q / o +4-5%, Qwen / Gemma down +4-6%, Gemma q / o +13-15%: fewer tiles to spread over the SMs).
+ROWS_WIDE = 192
+WIDE_MIN_N = 10240
+WIDE_BM = 128      # the one BM built with ROWS_WIDE
 # x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16) since session 18: 1.03-1.06x BM 16 on all
 # 17 model weights of >= 8 MB at M = 4 and 8 (H200, benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json)
 BLOCK_M = (8, 16, 32, 64, 128, 256)
@@ -47,9 +56,9 @@ class _Lib:
         self.lib = lib
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         lib.fastnf4_wgmma.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.fastnf4_wgmma.restype = ctypes.c_int
-        lib.fastnf4_wgmma_ready.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.fastnf4_wgmma_ready.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_wgmma_ready.restype = ctypes.c_int
         lib.fastnf4_wgmma_params_size.restype = ctypes.c_int
         lib.fastnf4_wgmma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -58,8 +67,11 @@ class _Lib:
             raise RuntimeError("wgmma.cu Params layout differs from the ctypes mirror")
         # every variant's attributes set now: this loads the module, so a launch inside a graph capture never
         # triggers lazy loading
-        self.ready = {(d, bm, nested): lib.fastnf4_wgmma_ready(d, bm, nested)
+        self.ready = {(d, bm, nested): lib.fastnf4_wgmma_ready(d, bm, nested, ROWS)
                       for d in (0, 1) for bm in BLOCK_M for nested in (0, 1)}
+        # ... and of the wide build (resident blocks per SM, 0 where it cannot run)
+        self.ready_wide = {(d, nested): lib.fastnf4_wgmma_ready(d, WIDE_BM, nested, ROWS_WIDE)
+                           for d in (0, 1) for nested in (0, 1)}
         # clusters of s blocks resident at once, for the cluster split-K sum (asked now, never during a capture)
         self.clusters = {(d, bm, nested, s): lib.fastnf4_wgmma_clusters(d, bm, nested, s)
                          for d in (0, 1) for bm in BLOCK_M if bm <= CLUSTER_MAX_BM for nested in (0, 1)
@@ -150,11 +162,12 @@ def _makespan(groups: list[tuple[int, int]], slots: int) -> int:
     return max(free)
 
 
-def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: int, slots: int, m: int) -> float:
+def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: int, slots: int, m: int,
+          rows: int = ROWS) -> float:
     tail = n_tiles - full
     t = _makespan([(m_tiles * full, steps + BLOCK_COST), (m_tiles * tail * splits, per + BLOCK_COST)], slots)
     if tail and splits > 1:
-        t += SUM_COST + 8 * splits * m * tail * ROWS / SUM_BYTES_PER_STEP
+        t += SUM_COST + 8 * splits * m * tail * rows / SUM_BYTES_PER_STEP
     return t
 
 
@@ -183,7 +196,8 @@ WIDE_TAIL_PARTS = 3
 
 
 @functools.lru_cache(maxsize=4096)  # pure; asked by every call (eager calls: up to ~140 us for the M = 128 tail search)
-def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) -> tuple[int, int, int]:
+def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1,
+         rows: int = ROWS) -> tuple[int, int, int]:
     """(splits, steps per split, full tiles): the first ``full tiles`` weight row tiles run whole, the others
     (the tail) in ``splits`` parts over K (wgmma.cu: whole tiles first, the short split blocks fill the last wave).
 
@@ -196,9 +210,9 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
     With one (BM 128 / 256), whichever of the one-wave and the tail plans the model above says is fastest, the tail
     only where it saves >= 8%: e.g. Gemma gate+up (168 tiles) at M = 128 runs 132 tiles whole and 36 in 3 parts, one
     wave and a third instead of two waves; Qwen gate_up (400 tiles) runs 396 whole and 4 in 10 parts instead of 4
-    waves."""
+    waves. ``rows``: weight rows per tile (ROWS, or ROWS_WIDE)."""
     steps = k // STEP
-    m_tiles, n_tiles = -(-m // bm), -(-n // ROWS)
+    m_tiles, n_tiles = -(-m // bm), -(-n // rows)
     s, per = _one_wave(m_tiles * n_tiles, steps, slots)
     base = (s, per, 0 if s > 1 else n_tiles)
     if blocks_per_sm != 1:
@@ -218,7 +232,7 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
                 if s2 >= 2:
                     return s2, per2, slots
         return base
-    best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m)
+    best, best_cost = base, _cost(m_tiles, n_tiles, base[2], s, per, steps, slots, m, rows)
     limit = best_cost * TAIL_GAIN
     fulls = {0} | {min(n_tiles - 1, (w * slots) // m_tiles) for w in range(1, n_tiles * m_tiles // slots + 1)}
     for full in sorted(fulls):
@@ -226,7 +240,7 @@ def plan(m: int, n: int, k: int, slots: int, bm: int, blocks_per_sm: int = 1) ->
             s2, per2 = _split_steps(steps, want)
             if s2 < 2:
                 continue
-            c = _cost(m_tiles, n_tiles, full, s2, per2, steps, slots, m)
+            c = _cost(m_tiles, n_tiles, full, s2, per2, steps, slots, m, rows)
             if c < limit and c < best_cost:
                 best, best_cost = (s2, per2, full), c
     return best
@@ -253,17 +267,30 @@ class Prepared:
             N=n, K=k, log2_blocksize=blocksize.bit_length() - 1,
         )
 
+    def rows_for(self, bm: int, dtype: torch.dtype, rows: int | None = None) -> int:
+        """Weight rows per block at BM ``bm``: ROWS_WIDE for a weight of N >= WIDE_MIN_N at BM WIDE_BM where that build
+        runs here, else ROWS; ``rows`` forces one (ValueError where that build does not exist or cannot run)."""
+        wide_ok = bm == WIDE_BM and self.lib.ready_wide[(_DTYPES[dtype], int(self.nested))] > 0
+        if rows is None:
+            return ROWS_WIDE if wide_ok and self.n >= WIDE_MIN_N else ROWS
+        if rows != ROWS and not (rows == ROWS_WIDE and wide_ok):
+            raise ValueError(f"wgmma: no build of {rows} weight rows per block at BM {bm}")
+        return rows
+
     def launch_plan(self, m: int, dtype: torch.dtype, bm: int | None = None, splits: int | None = None,
-                    full_tiles: int | None = None, cluster: bool | None = None) -> tuple[int, int, int, int, bool]:
-        """(BM, splits, steps per split, whole tiles, cluster sum) of a call with M rows of ``dtype``; the keywords
-        force a variant as in ``__call__``."""
+                    full_tiles: int | None = None, cluster: bool | None = None,
+                    rows: int | None = None) -> tuple[int, int, int, int, bool, int]:
+        """(BM, splits, steps per split, whole tiles, cluster sum, weight rows per block) of a call with M rows of
+        ``dtype``; the keywords force a variant as in ``__call__``."""
         n, k = self.n, self.k
         bm = bm or block_m(m)
+        rows = self.rows_for(bm, dtype, rows)
         steps = k // STEP
-        n_tiles = -(-n // ROWS)
+        n_tiles = -(-n // rows)
         if splits is None:
-            blocks = self.lib.ready[(_DTYPES[dtype], bm, int(self.nested))]
-            s, per, full = plan(m, n, k, self.lib.sms * blocks, bm, blocks)
+            blocks = (self.lib.ready_wide[(_DTYPES[dtype], int(self.nested))] if rows == ROWS_WIDE else
+                      self.lib.ready[(_DTYPES[dtype], bm, int(self.nested))])
+            s, per, full = plan(m, n, k, self.lib.sms * blocks, bm, blocks, rows)
         else:
             s, per = _split_steps(steps, splits)
             full = n_tiles if s == 1 else min(n_tiles - 1, full_tiles or 0)
@@ -273,30 +300,31 @@ class Prepared:
                        -(-m // bm) * n_tiles <= self.lib.clusters[(_DTYPES[dtype], bm, int(self.nested), s)])
         elif cluster and not can:
             raise ValueError(f"wgmma: no cluster split-K sum for {s} parts, {full} whole tiles, BM {bm}")
-        return bm, s, per, full, bool(cluster)
+        return bm, s, per, full, bool(cluster), rows
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  bm: int | None = None, splits: int | None = None, full_tiles: int | None = None,
-                 cluster: bool | None = None) -> torch.Tensor:
+                 cluster: bool | None = None, rows: int | None = None) -> torch.Tensor:
         """y [M, N] = x2d [M, K] (contiguous, 16-byte aligned, on this device) times the weight (+ bias).
         ``bm`` / ``splits`` / ``full_tiles`` force a variant (tests, probes): ``splits`` parts of K for every weight
         row tile after the first ``full_tiles`` (default 0). ``cluster`` forces the split-K sum: True in thread block
         clusters (every tile split, at most CLUSTER_MAX parts, BM <= CLUSTER_MAX_BM; ValueError otherwise), False by
-        the second kernel; None: clusters where all of them are resident at once (and CLUSTER_SUM)."""
+        the second kernel; None: clusters where all of them are resident at once (and CLUSTER_SUM). ``rows`` forces
+        the weight rows per block (``rows_for``)."""
         m, n, k = x2d.shape[0], self.n, self.k
-        bm, s, per, full, cluster = self.launch_plan(m, x2d.dtype, bm, splits, full_tiles, cluster)
+        bm, s, per, full, cluster, rows = self.launch_plan(m, x2d.dtype, bm, splits, full_tiles, cluster, rows)
         steps = k // STEP
-        tail = -(-n // ROWS) - full
+        tail = -(-n // rows) - full
         m_tiles = -(-m // bm)
         if y is None:
             y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-        y32 = torch.empty(s, m, n - full * ROWS, dtype=torch.float32, device=x2d.device) if tail and not cluster else None
+        y32 = torch.empty(s, m, n - full * rows, dtype=torch.float32, device=x2d.device) if tail and not cluster else None
         p = Params.from_buffer_copy(self.params)  # a copy per call: ctypes drops the GIL during the launch
         p.x, p.y, p.M, p.steps_per_split = x2d.data_ptr(), y.data_ptr(), m, per if tail else steps
         p.full_tiles, p.tail_tiles, p.cluster = full, tail, s if cluster else 0
         p.bias = bias.data_ptr() if bias is not None else None  # for the tail applied by the sum kernel
         p.y32 = y32.data_ptr() if y32 is not None else None
-        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), m_tiles,
+        rc = self.lib.lib.fastnf4_wgmma(ctypes.byref(p), _DTYPES[x2d.dtype], bm, int(self.nested), rows, m_tiles,
                                         s, torch._C._cuda_getCurrentRawStream(self.index))
         if rc != 0:
             raise RuntimeError(f"wgmma launch failed (cudaError {rc})")
@@ -306,8 +334,8 @@ class Prepared:
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, bm: int | None = None, splits: int | None = None,
-           full_tiles: int | None = None, cluster: bool | None = None) -> torch.Tensor:
+           full_tiles: int | None = None, cluster: bool | None = None, rows: int | None = None) -> torch.Tensor:
     """y [M, N] = x2d @ dequant(W).T (+ bias) on the current stream; ``bm`` / ``splits`` / ``full_tiles`` /
-    ``cluster`` force a variant (tests, probes; see ``Prepared.__call__``)."""
+    ``cluster`` / ``rows`` force a variant (tests, probes; see ``Prepared.__call__``)."""
     return Prepared(packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles, cluster)
+                    nested_blocksize)(x2d, bias, y, bm, splits, full_tiles, cluster, rows)
