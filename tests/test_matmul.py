@@ -181,17 +181,21 @@ def test_eager_plan_key_follows_the_wgmma_buckets():
 
 @pytest.mark.parametrize("m", [1, 9, 16, 17, 32, 33, 64, 100, 128, 200, 256, 1000])
 @pytest.mark.parametrize("n, k", [(57344, 8192), (21504, 5376), (10240, 8192), (4096, 5376), (200, 192), (8192, 64)])
-def test_wgmma_plan_covers_k(m, n, k):
+@pytest.mark.parametrize("rows", [128, 192])
+def test_wgmma_plan_covers_k(m, n, k, rows):
+    """``rows``: weight rows per block (ROWS, or ROWS_WIDE, which only the BM 128 build has)."""
     from fastnf4.ops.matmul import wgmma
 
     bm = wgmma.block_m(m)
     assert bm in wgmma.BLOCK_M and (bm >= m or bm == 256) and (bm == wgmma.BLOCK_M[0] or bm // 2 < m)
+    if rows != wgmma.ROWS and (rows != wgmma.ROWS_WIDE or bm != wgmma.WIDE_BM):
+        pytest.skip("no such build")
     blocks = 2 if bm <= 64 else 1
     slots = 132 * blocks
-    s, per, full = wgmma.plan(m, n, k, slots, bm, blocks)
+    s, per, full = wgmma.plan(m, n, k, slots, bm, blocks, rows)
     steps = k // wgmma.STEP
     assert s >= 1 and s * per >= steps and (s - 1) * per < steps  # every split has work, all of K is covered
-    m_tiles, n_tiles = -(-m // bm), -(-n // wgmma.ROWS)
+    m_tiles, n_tiles = -(-m // bm), -(-n // rows)
     tiles = m_tiles * n_tiles
     assert 0 <= full <= n_tiles and (s == 1) == (full == n_tiles)
     assert s == 1 or per >= 8
@@ -209,8 +213,8 @@ def test_wgmma_plan_covers_k(m, n, k):
         assert (s == 3 and n_tiles - full == n_tiles // 4) or (s == 2 and full + 2 * (n_tiles - full) == slots)
         assert full + s * (n_tiles - full) <= slots
     else:  # a tail plan with one block per SM: only where the model saves >= 8%
-        base = wgmma._cost(m_tiles, n_tiles, one_plan[2], *one, steps, slots, m)
-        assert wgmma._cost(m_tiles, n_tiles, full, s, per, steps, slots, m) < wgmma.TAIL_GAIN * base
+        base = wgmma._cost(m_tiles, n_tiles, one_plan[2], *one, steps, slots, m, rows)
+        assert wgmma._cost(m_tiles, n_tiles, full, s, per, steps, slots, m, rows) < wgmma.TAIL_GAIN * base
 
 
 def test_wgmma_tail_plan_fills_the_last_wave():
