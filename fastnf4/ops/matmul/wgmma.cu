@@ -92,12 +92,11 @@ constexpr int kTableBytes = 256 * 256;
 
 // Weight rows per block BN = 64 per warpgroup, two threads per row (each copies half of it): 128 rows (two
 // warpgroups, 256 threads) in every variant, and a second BM 128 build of 192 rows (three warpgroups, 384 threads,
-// at most 168 registers: 165-167 used, no spills), which wgmma.py takes for wide weights (ROWS_WIDE): x leaves the
-// L2 once per 192 weight rows instead of 128 and each scheduler has three warps instead of two. H200, M = 128
-// (benchmarks/probe_wgmma_build.py, two rounds, results/h200-probe-wgmma-bn192.json): 7-17% faster on every weight
-// with N >= 10240 (Qwen gate+up 103.6 -> 85.8 us, Llama gate+up 159.7 -> 146.2, gate_up 319.4 -> 301.9), slower
-// on the narrower ones (Gemma o 24.7 -> 28.4: fewer tiles to spread). A stage holds BN / 4 holes of weights and
-// BN / 32 of each statistics kind (40 holes at 128 rows: 6 stages; 60 at 192: 4).
+// at most 168 registers: 165-167 used, no spills), which wgmma.py takes for wide weights (ROWS_WIDE, where the
+// measurements are): x leaves the L2 once per 192 weight rows instead of 128 and each scheduler has three warps
+// instead of two. A stage holds BN / 4 holes of weights and BN / 32 of each statistics kind (40 holes at 128 rows:
+// 6 stages; 60 at 192: 4).
+constexpr int kWideBN = 192;
 template <int BN> struct Rows {
   static constexpr int kThreads = 2 * BN;
   static constexpr int kWHoles = BN / 4, kSHoles = BN / 32;
@@ -619,19 +618,19 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   // input dtype, 32 copies)
   {
     if (kThreads == 256 || tid < 256) {  // (one thread per table entry)
-    const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
-    if constexpr (kFast) {
-      const uint32_t pr = Pair<T>::make(hi, lo);
+      const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
+      if constexpr (kFast) {
+        const uint32_t pr = Pair<T>::make(hi, lo);
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(table_s + 256 * tid + 16 * i), "r"(pr));
-    } else {
+        for (int i = 0; i < 8; ++i)
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(table_s + 256 * tid + 16 * i), "r"(pr));
+      } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi),
-                     "f"(lo));
-    }
-    if constexpr (kNested) ncode[tid] = p.nested_code[tid];
+        for (int i = 0; i < 8; ++i)
+          asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * tid + 16 * i), "f"(hi),
+                       "f"(lo));
+      }
+      if constexpr (kNested) ncode[tid] = p.nested_code[tid];
     }
     if (tid == 0) {
       for (int i = 0; i < kXStages; ++i) mbar_init(bars + 8 * i, 1);
@@ -667,7 +666,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   const bool w_ok = n0 + wr < p.N;
   const uint8_t* w_src = p.packed + (w_ok ? (n0 + wr) * (p.K / 2) + 16 * wh : 0);
   const uint32_t w_dst = hole(wr >> 2) + 32 * (wr & 3) + 16 * wh;
-  const int sr = kBN == 128 ? tid & 127 : tid % kBN;
+  const int sr = kBN == 128 ? tid & 127 : tid % kBN;  // (the mask keeps the 128-row builds' code as it was)
   const bool s_nab = kNested && tid >= kBN;  // this thread copies the nested absmax
   const bool s_on = kNested || tid < kBN;
   const long long s_rowk = min(n0 + sr, p.N - 1) * p.K;
@@ -1078,7 +1077,7 @@ Variant variant_of() {
 
 template <typename T, bool kNested>
 Variant pick(int bm, int rows) {
-  if (rows == 192) return bm == 128 ? variant_of<T, kNested, 128, 192>() : Variant{nullptr, 0, 0, 0};
+  if (rows == kWideBN) return bm == 128 ? variant_of<T, kNested, 128, kWideBN>() : Variant{nullptr, 0, 0, 0};
   if (rows != kBN) return {nullptr, 0, 0, 0};
   switch (bm) {
     case 8: return variant_of<T, kNested, 8>();

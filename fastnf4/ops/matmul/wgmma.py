@@ -18,11 +18,12 @@ SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
 # The BM 128 build with 192 weight rows per block (three warpgroups; wgmma.cu Rows) on weights of N >= WIDE_MIN_N.
-# H200, M = 128 (benchmarks/probe_wgmma_build.py, 128 vs 192 rows in two alternating rounds, best of each,
-# results/h200-probe-wgmma-bn192.json): faster on all seven model weights of N >= 10240 (Qwen gate+up 103.6 -> 85.8
-# us, Qwen qkv 52.8 -> 45.2, Llama qkv 74.5 -> 67.8, Llama gate+up 159.7 -> 146.2, Gemma gate+up 80.1 -> 74.7, the
-# three fused gate_up 5-9%), level or slower on the narrower ones (Gemma qkv 36.7 / 36.3, Llama q+o 48.8 / 48.7, Qwen
-# q / o +4-5%, Qwen / Gemma down +4-6%, Gemma q / o +13-15%: fewer tiles to spread over the SMs).
+# H200, M = 128 (benchmarks/probe_wgmma_build.py --rows 128,192: both in the same interleaved graphs, two rounds,
+# results/h200-probe-wgmma-rows.json; session 35): faster on all eight model weights of N >= 10240, 6-17% (Qwen
+# gate+up 102.3 -> 85.3 us, Qwen qkv 52.1 -> 44.5, Llama gate+up 159.6 -> 136.9, Llama qkv 72.1 -> 67.8, Llama
+# gate_up 325.6 -> 301.2, Gemma gate_up 168.7 -> 154.0), mixed on the narrower ones (Llama down -6%, Gemma qkv -2%,
+# Llama q+o equal, Qwen q / o +5%, Qwen / Gemma down +4-5%, Gemma q / o +2-4%: fewer tiles to spread over the SMs);
+# M = 80 and an H100 (results/h100-probe-wgmma-rows.json) alike.
 ROWS_WIDE = 192
 WIDE_MIN_N = 10240
 WIDE_BM = 128      # the one BM built with ROWS_WIDE
