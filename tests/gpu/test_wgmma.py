@@ -72,7 +72,6 @@ def test_every_variant_and_split_k(bm, splits, full_tiles):
                full_tiles=full_tiles)
 
 
-
 @pytest.mark.parametrize("n, k", [(700, 64 * 66), (2000, 1536), (10240, 1024)])
 @pytest.mark.parametrize("blocksize, nested", [(64, True), (64, False), (256, True), (4096, False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -84,7 +83,7 @@ def test_wide_build(n, k, blocksize, nested, dtype):
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
                          double_quant=nested)
     prepared = wgmma.Prepared(*linear_args(q))
-    if prepared.rows_for(128, dtype, None) == wgmma.ROWS and n >= wgmma.WIDE_MIN_N:
+    if prepared.lib.ready[(wgmma._DTYPES[dtype], wgmma.WIDE_BM, int(nested), wgmma.ROWS_WIDE)] == 0:
         pytest.skip("the wide build cannot run on this GPU")
     for m in (65, 100, 128):
         bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
@@ -102,6 +101,7 @@ def test_wide_build(n, k, blocksize, nested, dtype):
     assert prepared.launch_plan(200, dtype)[5] == wgmma.ROWS  # BM 256
     with pytest.raises(ValueError, match="rows"):
         prepared(torch.randn(64, k, device="cuda", dtype=dtype), rows=wgmma.ROWS_WIDE)  # BM 64
+
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tail_plan_matches_and_replays_equal(dtype):

@@ -30,6 +30,8 @@ WIDE_BM = 128      # the one BM built with ROWS_WIDE
 # x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16) since session 18: 1.03-1.06x BM 16 on all
 # 17 model weights of >= 8 MB at M = 4 and 8 (H200, benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json)
 BLOCK_M = (8, 16, 32, 64, 128, 256)
+# (x rows, weight rows) per block of every build in wgmma.cu (``pick``)
+BUILDS = tuple((bm, ROWS) for bm in BLOCK_M) + ((WIDE_BM, ROWS_WIDE),)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
 MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_RULES; a test ties the two)
 # Split-K summed inside the kernel by thread block clusters (wgmma.cu cluster_sum): where every weight row tile is split
@@ -68,11 +70,9 @@ class _Lib:
             raise RuntimeError("wgmma.cu Params layout differs from the ctypes mirror")
         # every variant's attributes set now: this loads the module, so a launch inside a graph capture never
         # triggers lazy loading
-        self.ready = {(d, bm, nested): lib.fastnf4_wgmma_ready(d, bm, nested, ROWS)
-                      for d in (0, 1) for bm in BLOCK_M for nested in (0, 1)}
-        # ... and of the wide build (resident blocks per SM, 0 where it cannot run)
-        self.ready_wide = {(d, nested): lib.fastnf4_wgmma_ready(d, WIDE_BM, nested, ROWS_WIDE)
-                           for d in (0, 1) for nested in (0, 1)}
+        # (resident blocks per SM of each (dtype, BM, nested, weight rows) build, 0 where it cannot run)
+        self.ready = {(d, bm, nested, rows): lib.fastnf4_wgmma_ready(d, bm, nested, rows)
+                      for d in (0, 1) for bm, rows in BUILDS for nested in (0, 1)}
         # clusters of s blocks resident at once, for the cluster split-K sum (asked now, never during a capture)
         self.clusters = {(d, bm, nested, s): lib.fastnf4_wgmma_clusters(d, bm, nested, s)
                          for d in (0, 1) for bm in BLOCK_M if bm <= CLUSTER_MAX_BM for nested in (0, 1)
@@ -106,7 +106,7 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
     if packed.data_ptr() % 16 or x2d.data_ptr() % 16 or not x2d.is_contiguous():
         return False
     lib = _lib_for(_index(x2d.device))
-    return lib is not None and lib.ready[(_DTYPES[x2d.dtype], block_m(x2d.shape[0]), int(nested))] > 0
+    return lib is not None and lib.ready[(_DTYPES[x2d.dtype], block_m(x2d.shape[0]), int(nested), ROWS)] > 0
 
 
 def block_m(m: int) -> int:
@@ -271,7 +271,7 @@ class Prepared:
     def rows_for(self, bm: int, dtype: torch.dtype, rows: int | None = None) -> int:
         """Weight rows per block at BM ``bm``: ROWS_WIDE for a weight of N >= WIDE_MIN_N at BM WIDE_BM where that build
         runs here, else ROWS; ``rows`` forces one (ValueError where that build does not exist or cannot run)."""
-        wide_ok = bm == WIDE_BM and self.lib.ready_wide[(_DTYPES[dtype], int(self.nested))] > 0
+        wide_ok = self.lib.ready.get((_DTYPES[dtype], bm, int(self.nested), ROWS_WIDE), 0) > 0
         if rows is None:
             return ROWS_WIDE if wide_ok and self.n >= WIDE_MIN_N else ROWS
         if rows != ROWS and not (rows == ROWS_WIDE and wide_ok):
@@ -289,8 +289,7 @@ class Prepared:
         steps = k // STEP
         n_tiles = -(-n // rows)
         if splits is None:
-            blocks = (self.lib.ready_wide[(_DTYPES[dtype], int(self.nested))] if rows == ROWS_WIDE else
-                      self.lib.ready[(_DTYPES[dtype], bm, int(self.nested))])
+            blocks = self.lib.ready[(_DTYPES[dtype], bm, int(self.nested), rows)]
             s, per, full = plan(m, n, k, self.lib.sms * blocks, bm, blocks, rows)
         else:
             s, per = _split_steps(steps, splits)
