@@ -26,7 +26,7 @@ wide = wgmma.ROWS_WIDE
 torch.manual_seed(0)
 rows = []
 for model, layer, n, k, w, q in model_weights():
-    if n >= wgmma.WIDE_MIN_N and "--all" not in sys.argv:
+    if n >= wgmma.WIDE_MIN_N and "--all" not in sys.argv:  # (session 36's run: before WIDE_LONG_K)
         continue
     prep = wgmma.Prepared(*linear_args(q))
     # name -> launch keywords

@@ -98,14 +98,16 @@ def test_dispatch_table():
 
 
 def test_wgmma_rules_on_low_bandwidth_gpus():
-    # H200 rules at M 257-512: N = 8192 from 20M elements, N >= 40960 from 200M; low-bandwidth GPUs add N >= 8192 or
-    # K >= 16384 from 20M
+    # H200 rules at M 385-512: N = 8192 from 20M elements, N >= 40960 from 200M; low-bandwidth GPUs add N >= 8192 or
+    # K >= 16384 from 20M. At M 257-384 none on either (session 36: dequantize + cuBLAS ahead at M = 288)
     for n, k, h200, low in ((28672, 8192, False, True), (5120, 25600, False, True), (10240, 5120, False, True),
                             (5120, 8192, False, False), (5376, 4096, False, False), (4096, 5376, False, False),
                             (57344, 8192, True, True), (8192, 8192, True, True), (8192, 2048, False, False)):
-        assert dispatch.wgmma_wanted(512, n, k) is h200, (n, k)
-        assert dispatch.wgmma_wanted(512, n, k, low_bw=True) is low, (n, k)
-        assert dispatch.wgmma_wanted(257, n, k, low_bw=True) is low, (n, k)
+        for m in (385, 448, 512):
+            assert dispatch.wgmma_wanted(m, n, k) is h200, (m, n, k)
+            assert dispatch.wgmma_wanted(m, n, k, low_bw=True) is low, (m, n, k)
+        for m in (257, 288, 384):
+            assert not dispatch.wgmma_wanted(m, n, k) and not dispatch.wgmma_wanted(m, n, k, low_bw=True), (m, n, k)
     assert dispatch.wgmma_wanted(256, 5376, 4096, low_bw=True)  # (M <= 256: every weight of >= 20M either way)
     assert not dispatch.wgmma_wanted(513, 28672, 8192, low_bw=True)
     assert dispatch.choose_path(512, 28672, 8192, 64, wgmma_ok=True) == "dequant+matmul"
@@ -141,7 +143,7 @@ def test_wgmma_dispatch_on_model_shapes():
                                     pair_ok=gemv_mma.pair_wanted(m, n, k, 64))
 
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
-             for mm in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 512, 513, 2048)}
+             for mm in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 384, 385, 512, 513, 2048)}
     assert taken[1] == taken[2] == [] and taken[513] == taken[2048] == []
     # M 3-4 (probe_pair_cols.py, session 27): every model weight on gemv_mma.cu's pair-column decode kernel instead
     assert taken[3] == taken[4] == []
@@ -160,8 +162,10 @@ def test_wgmma_dispatch_on_model_shapes():
     assert set(taken[33]) == set(taken[64]) == big | {(1024, 8192), (1024, 5120)}
     assert set(taken[65]) == set(taken[128]) == big | {(1024, 8192), (2048, 5376)}
     assert set(taken[256]) == big
-    # M 257-512 (the same probe): the N = 8192 weights from 20M elements and the gate_up projections (N >= 40960)
-    assert taken[257] == taken[512]
+    # M 385-512 (the same probe): the N = 8192 weights from 20M elements and the gate_up projections (N >= 40960);
+    # M 257-384 none (probe_wgmma.py --ms 288,384,512, session 36: dequantize + cuBLAS ahead at M = 288 on all 17)
+    assert taken[257] == taken[384] == []
+    assert taken[385] == taken[512]
     assert set(taken[512]) == {(8192, 8192), (8192, 28672), (8192, 5120), (8192, 5376), (57344, 8192), (51200, 5120),
                                (43008, 5376)}
 
@@ -171,12 +175,24 @@ def test_eager_plan_key_follows_the_wgmma_buckets():
     from fastnf4.ops.matmul import eager
 
     assert eager.MAX_M == dispatch.MMA_MAX_M and eager.wgmma.MAX_M == dispatch.WGMMA_RULES[-1][0]
+    assert eager.wgmma.WIDE_M_BUCKETS == tuple(top for top, _ in dispatch.WGMMA_RULES if top > eager.wgmma.BLOCK_M[-1])
     shapes = [(57344, 8192), (8192, 28672), (5120, 25600), (10240, 8192), (5120, 8192), (4096, 5376), (25600, 5120)]
     by_key = {}
     for m in range(1, 700):
         for n, k in shapes:
             by_key.setdefault((eager.m_key(m), n, k), set()).add(dispatch.wgmma_wanted(m, n, k))
     assert all(len(v) == 1 for v in by_key.values())
+
+
+def test_wide_rows_on_model_shapes():
+    """The 192-row wgmma blocks (M 65-128): every model weight of N >= 10240 (session 35) and Llama down (N = 8192,
+    K = 28672; session 36), none of the other narrow ones (probe_wgmma_rows_plans.py: slower there)."""
+    from fastnf4.bench.harness import model_shapes
+    from fastnf4.ops.matmul import wgmma
+
+    wide = {(n, k) for _, _, n, k in model_shapes() if wgmma.wide_wanted(n, k)}
+    assert wide == {(n, k) for _, _, n, k in model_shapes() if n >= 10240} | {(8192, 28672)}
+    assert not wgmma.wide_wanted(8192, 16383) and wgmma.wide_wanted(8192, 16384) and not wgmma.wide_wanted(8191, 16384)
 
 
 @pytest.mark.parametrize("m", [1, 9, 16, 17, 32, 33, 64, 100, 128, 200, 256, 1000])

@@ -97,7 +97,7 @@ def test_wide_build(n, k, blocksize, nested, dtype):
             ys.append(y)
         assert torch.isfinite(ys[0]).all() and torch.equal(ys[0], ys[1])
     # the default takes it by N at BM 128 only; forcing it elsewhere is an error
-    assert prepared.launch_plan(128, dtype)[5] == (wgmma.ROWS_WIDE if n >= wgmma.WIDE_MIN_N else wgmma.ROWS)
+    assert prepared.launch_plan(128, dtype)[5] == (wgmma.ROWS_WIDE if wgmma.wide_wanted(n, k) else wgmma.ROWS)
     assert prepared.launch_plan(200, dtype)[5] == wgmma.ROWS  # BM 256
     with pytest.raises(ValueError, match="rows"):
         prepared(torch.randn(64, k, device="cuda", dtype=dtype), rows=wgmma.ROWS_WIDE)  # BM 64

@@ -45,13 +45,13 @@ def _addresses(q) -> tuple:
 
 
 def m_key(m: int) -> int:
-    """The part of a plan's key that M decides: M itself up to 32, then its wgmma bucket (M <= 64 / 128 / 256 / 512,
-    the dispatcher's thresholds: ``dispatch.wgmma_wanted``), then 0 for every larger M."""
+    """The part of a plan's key that M decides: M itself up to 32, then its wgmma bucket (M <= 64 / 128 / 256 / 384 /
+    512, the dispatcher's thresholds: ``dispatch.wgmma_wanted``), then 0 for every larger M."""
     if m <= MAX_M:
         return m
     if m <= wgmma.BLOCK_M[-1]:
         return -wgmma.block_m(m)
-    return -wgmma.MAX_M if m <= wgmma.MAX_M else 0
+    return next((-top for top in wgmma.WIDE_M_BUCKETS if m <= top), 0)
 
 
 def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | None:

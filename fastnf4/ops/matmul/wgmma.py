@@ -17,15 +17,21 @@ from ... import _cuda
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
-# The BM 128 build with 192 weight rows per block (three warpgroups; wgmma.cu Rows) on weights of N >= WIDE_MIN_N.
+# The BM 128 build with 192 weight rows per block (three warpgroups; wgmma.cu Rows) on weights of N >= WIDE_MIN_N
+# (and WIDE_LONG_K: ``wide_wanted``).
 # H200, M = 128 (benchmarks/probe_wgmma_build.py --rows 128,192: both in the same interleaved graphs, two rounds,
 # results/h200-probe-wgmma-rows.json; session 35): faster on all eight model weights of N >= 10240, 6-17% (Qwen
 # gate+up 102.3 -> 85.3 us, Qwen qkv 52.1 -> 44.5, Llama gate+up 159.6 -> 136.9, Llama qkv 72.1 -> 67.8, Llama
 # gate_up 325.6 -> 301.2, Gemma gate_up 168.7 -> 154.0), mixed on the narrower ones (Llama down -6%, Gemma qkv -2%,
 # Llama q+o equal, Qwen q / o +5%, Qwen / Gemma down +4-5%, Gemma q / o +2-4%: fewer tiles to spread over the SMs);
 # M = 80 and an H100 (results/h100-probe-wgmma-rows.json) alike.
+# Session 36 (benchmarks/probe_wgmma_rows_plans.py, results/h200-probe-wgmma-rows-plans.json): on the narrower weights
+# the 192-row build's best forced split (1, 2, 3, 4 or 6 parts) is its own plan's or within 1% of it, so the plan is
+# not what loses there; the one narrow weight it wins on again is Llama down (8192 x 28672: 142.1 -> 135.4 us; the H100
+# 149.1 -> 142.2), whose long K amortises each block's fixed cost over 150 steps: WIDE_LONG_K.
 ROWS_WIDE = 192
 WIDE_MIN_N = 10240
+WIDE_LONG_K = (8192, 16384)  # (smallest N, smallest K): also the weights of N >= 8192 where K >= 16384
 WIDE_BM = 128      # the one BM built with ROWS_WIDE
 # x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16) since session 18: 1.03-1.06x BM 16 on all
 # 17 model weights of >= 8 MB at M = 4 and 8 (H200, benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json)
@@ -33,7 +39,9 @@ BLOCK_M = (8, 16, 32, 64, 128, 256)
 # (x rows, weight rows) per block of every build in wgmma.cu (``pick``)
 BUILDS = tuple((bm, ROWS) for bm in BLOCK_M) + ((WIDE_BM, ROWS_WIDE),)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
-MAX_M = 512       # the largest M the dispatcher sends here (dispatch.WGMMA_RULES; a test ties the two)
+# the dispatcher's M buckets above BLOCK_M[-1] (dispatch.WGMMA_RULES; a test ties the two): its rules change at these M
+WIDE_M_BUCKETS = (384, 512)
+MAX_M = WIDE_M_BUCKETS[-1]  # the largest M the dispatcher sends here
 # Split-K summed inside the kernel by thread block clusters (wgmma.cu cluster_sum): where every weight row tile is split
 # in 2..CLUSTER_MAX parts (a cluster each, the portable cluster size limit) and all the clusters are resident at once,
 # at BM <= CLUSTER_MAX_BM (the partial tile must fit in the table region). FASTNF4_WG_CLUSTER=0 turns it off.
@@ -107,6 +115,11 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
         return False
     lib = _lib_for(_index(x2d.device))
     return lib is not None and lib.ready[(_DTYPES[x2d.dtype], block_m(x2d.shape[0]), int(nested), ROWS)] > 0
+
+
+def wide_wanted(n: int, k: int) -> bool:
+    """Whether a weight [n, k] takes ROWS_WIDE weight rows per block at BM WIDE_BM (where that build runs)."""
+    return n >= WIDE_MIN_N or (n >= WIDE_LONG_K[0] and k >= WIDE_LONG_K[1])
 
 
 def block_m(m: int) -> int:
@@ -269,11 +282,11 @@ class Prepared:
         )
 
     def rows_for(self, bm: int, dtype: torch.dtype, rows: int | None = None) -> int:
-        """Weight rows per block at BM ``bm``: ROWS_WIDE for a weight of N >= WIDE_MIN_N at BM WIDE_BM where that build
+        """Weight rows per block at BM ``bm``: ROWS_WIDE for a weight ``wide_wanted`` at BM WIDE_BM where that build
         runs here, else ROWS; ``rows`` forces one (ValueError where that build does not exist or cannot run)."""
         wide_ok = self.lib.ready.get((_DTYPES[dtype], bm, int(self.nested), ROWS_WIDE), 0) > 0
         if rows is None:
-            return ROWS_WIDE if wide_ok and self.n >= WIDE_MIN_N else ROWS
+            return ROWS_WIDE if wide_ok and wide_wanted(self.n, self.k) else ROWS
         if rows != ROWS and not (rows == ROWS_WIDE and wide_ok):
             raise ValueError(f"wgmma: no build of {rows} weight rows per block at BM {bm}")
         return rows
