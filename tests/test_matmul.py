@@ -98,15 +98,17 @@ def test_dispatch_table():
 
 
 def test_wgmma_rules_on_low_bandwidth_gpus():
-    # H200 rules at M 385-512: N = 8192 from 20M elements, N >= 40960 from 200M; low-bandwidth GPUs add N >= 8192 or
-    # K >= 16384 from 20M. At M 257-384 none on either (session 36: dequantize + cuBLAS ahead at M = 288)
+    # H200 rules at M 385-512: N = 8192 from 20M elements, N >= 40960 from 200M, none at M 257-384 (session 36:
+    # dequantize + cuBLAS ahead at M = 288); low-bandwidth GPUs add N >= 8192 or K >= 16384 from 20M at M 353-512
     for n, k, h200, low in ((28672, 8192, False, True), (5120, 25600, False, True), (10240, 5120, False, True),
                             (5120, 8192, False, False), (5376, 4096, False, False), (4096, 5376, False, False),
                             (57344, 8192, True, True), (8192, 8192, True, True), (8192, 2048, False, False)):
         for m in (385, 448, 512):
             assert dispatch.wgmma_wanted(m, n, k) is h200, (m, n, k)
             assert dispatch.wgmma_wanted(m, n, k, low_bw=True) is low, (m, n, k)
-        for m in (257, 288, 384):
+        for m in (353, 384):
+            assert not dispatch.wgmma_wanted(m, n, k) and dispatch.wgmma_wanted(m, n, k, low_bw=True) is low, (m, n, k)
+        for m in (257, 288, 352):
             assert not dispatch.wgmma_wanted(m, n, k) and not dispatch.wgmma_wanted(m, n, k, low_bw=True), (m, n, k)
     assert dispatch.wgmma_wanted(256, 5376, 4096, low_bw=True)  # (M <= 256: every weight of >= 20M either way)
     assert not dispatch.wgmma_wanted(513, 28672, 8192, low_bw=True)
@@ -175,12 +177,14 @@ def test_eager_plan_key_follows_the_wgmma_buckets():
     from fastnf4.ops.matmul import eager
 
     assert eager.MAX_M == dispatch.MMA_MAX_M and eager.wgmma.MAX_M == dispatch.WGMMA_RULES[-1][0]
-    assert eager.wgmma.WIDE_M_BUCKETS == tuple(top for top, _ in dispatch.WGMMA_RULES if top > eager.wgmma.BLOCK_M[-1])
+    tops = {top for top, _ in dispatch.WGMMA_RULES if top > eager.wgmma.BLOCK_M[-1]} | set(dispatch.WGMMA_LOW_BW_M)
+    assert eager.wgmma.WIDE_M_BUCKETS == tuple(sorted(tops))
     shapes = [(57344, 8192), (8192, 28672), (5120, 25600), (10240, 8192), (5120, 8192), (4096, 5376), (25600, 5120)]
     by_key = {}
     for m in range(1, 700):
         for n, k in shapes:
-            by_key.setdefault((eager.m_key(m), n, k), set()).add(dispatch.wgmma_wanted(m, n, k))
+            for low_bw in (False, True):
+                by_key.setdefault((eager.m_key(m), n, k, low_bw), set()).add(dispatch.wgmma_wanted(m, n, k, low_bw))
     assert all(len(v) == 1 for v in by_key.values())
 
 

@@ -13,7 +13,7 @@ Thresholds measured on the H200 (benchmarks/results/h200-matmul.json, NOTES.md):
 |                           | blocksize >= 64 and K % 64 == 0 (``gemv_mma.pair_wanted``)      |
 | 3 .. 512 (sm_90, CUDA     | warpgroup tensor-core kernel of ``wgmma.cu`` on the weights     |
 | build there)              | where it beat the GEMM kernel (M <= 32) or dequantize + cuBLAS  |
-|                           | (``wgmma_wanted``; none at M 257-384; more at M 385-512 on GPUs |
+|                           | (``wgmma_wanted``; none at M 257-384; more at M 353-512 on GPUs |
 |                           | of less bandwidth per SM cycle than the H200: ``low_bandwidth``)|
 | 1 .. 32 (CUDA build there)| tensor-core kernels of ``gemv_mma.cu`` (decode kernel M <= 2,   |
 |                           | GEMM kernel 2 < M <= 32), K % 32 == 0; at M 3-4 only weights of |
@@ -204,8 +204,8 @@ def mma_wanted(m: int, n: int, k: int) -> bool:
 # -m129-480.json; dequantize + cuBLAS / wgmma time, the 7 weights the M = 512 rule takes): M = 288 0.72-0.94 (Llama
 # gate_up 929 vs 667 us), M = 384 0.93-1.02, M = 416 1.03-1.10, M 448-512 1.04-1.16. So M 257-384 is a bucket of its
 # own with no wgmma rule. The H100 (low_bandwidth; results/h100-probe-wgmma-m288-448.json) crosses lower: M = 288
-# 0.84-1.08 on its rule's weights (Llama gate_up 951 vs 795), M = 384 0.95-1.18; it keeps the same bucket (at M
-# 321-384 that leaves it 5-10% on some weights, untested between 288 and 384). At M 129-256 (BM 256, one x tile) the
+# 0.84-1.08 on its rule's weights (Llama gate_up 951 vs 795), M = 384 0.95-1.18: its rule (below) starts at M = 353.
+# At M 129-256 (BM 256, one x tile) the
 # kernel stays ahead down to M = 136 (0.99-1.47; Qwen qkv 71.4 vs 70.9 us the closest).
 #
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
@@ -225,18 +225,25 @@ WGMMA_RULES = (
 
 
 # On GPUs with less memory bandwidth per SM cycle than the H200 (``low_bandwidth``) dequantize + cuBLAS loses more:
-# at M 385-512 (M 257-512 until session 36, see above) the wgmma kernel also takes every weight of >= 20M elements with N >= 8192 or K >= 16384. H100, session
+# at M 353-512 (M 257-512 until session 36) the wgmma kernel also takes every weight of >= 20M elements with N >= 8192
+# or K >= 16384. The lower bound: H100, session 36 (probe_wgmma.py --ms 288,384,448 and --ms 320,352 at 729567b,
+# results/h100-probe-wgmma-m288-448.json, -m320-352.json; dequantize + cuBLAS / wgmma on those 14 weights): M = 288
+# 0.84-1.08, M = 320 0.89-1.14 (Llama gate_up 827 vs 929 us; three rows higher where dequantize + cuBLAS and cuBLAS
+# read slow in that round), M = 352 0.96-1.19 (Gemma gate+up the one behind, as at
+# 384: 0.95; at 512 it is ahead), M = 384 0.95-1.18. The rule itself: H100, session
 # 34 (probe_wgmma.py --ms 256,512, results/h100-probe-wgmma-m256-512.json; us at M = 512, wgmma vs dequantize +
 # cuBLAS): ahead on 15 of the 17 model weights, of those the rules above leave out Llama gate+up 483.1 vs 543.2,
 # Llama qkv 160.3 vs 190.8, Qwen gate+up 266.5 vs 311.8, Qwen qkv 105.8 vs 120.8, Qwen down 303.5 vs 312.0, Gemma
 # gate+up 253.5 vs 269.5, Gemma down 254.5 vs 273.4 and Gemma q 48.0 vs 51.3 (N 4096, K 5376: not taken); behind on
 # Qwen o 108.4 vs 96.7 and Gemma o 56.0 vs 52.8 (N <= 5376 and K <= 8192).
-WGMMA_LOW_BW_512 = (20 * 2**20, 8192, 16384)  # (smallest N * K, smallest N, or smallest K) at M 385-512
+WGMMA_LOW_BW_512 = (20 * 2**20, 8192, 16384)  # (smallest N * K, smallest N, or smallest K) at WGMMA_LOW_BW_M
+WGMMA_LOW_BW_M = (352, 512)  # the M range of that rule: above the first, up to the second
 
 
 def wgmma_wanted(m: int, n: int, k: int, low_bw: bool = False) -> bool:
     elems, min_n, min_k = WGMMA_LOW_BW_512
-    if low_bw and WGMMA_RULES[-2][0] < m <= WGMMA_RULES[-1][0] and n * k >= elems and (n >= min_n or k >= min_k):
+    lo, hi = WGMMA_LOW_BW_M
+    if low_bw and lo < m <= hi and n * k >= elems and (n >= min_n or k >= min_k):
         return True
     for largest_m, rules in WGMMA_RULES:
         if m <= largest_m:

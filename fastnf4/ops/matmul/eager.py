@@ -45,8 +45,8 @@ def _addresses(q) -> tuple:
 
 
 def m_key(m: int) -> int:
-    """The part of a plan's key that M decides: M itself up to 32, then its wgmma bucket (M <= 64 / 128 / 256 / 384 /
-    512, the dispatcher's thresholds: ``dispatch.wgmma_wanted``), then 0 for every larger M."""
+    """The part of a plan's key that M decides: M itself up to 32, then its wgmma bucket (M <= 64 / 128 / 256 / 352 /
+    384 / 512, the dispatcher's thresholds: ``dispatch.wgmma_wanted``), then 0 for every larger M."""
     if m <= MAX_M:
         return m
     if m <= wgmma.BLOCK_M[-1]:

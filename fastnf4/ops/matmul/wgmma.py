@@ -39,8 +39,9 @@ BLOCK_M = (8, 16, 32, 64, 128, 256)
 # (x rows, weight rows) per block of every build in wgmma.cu (``pick``)
 BUILDS = tuple((bm, ROWS) for bm in BLOCK_M) + ((WIDE_BM, ROWS_WIDE),)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
-# the dispatcher's M buckets above BLOCK_M[-1] (dispatch.WGMMA_RULES; a test ties the two): its rules change at these M
-WIDE_M_BUCKETS = (384, 512)
+# the dispatcher's M buckets above BLOCK_M[-1] (dispatch.WGMMA_RULES and WGMMA_LOW_BW_M; a test ties them): its rules
+# change at these M
+WIDE_M_BUCKETS = (352, 384, 512)
 MAX_M = WIDE_M_BUCKETS[-1]  # the largest M the dispatcher sends here
 # Split-K summed inside the kernel by thread block clusters (wgmma.cu cluster_sum): where every weight row tile is split
 # in 2..CLUSTER_MAX parts (a cluster each, the portable cluster size limit) and all the clusters are resident at once,
