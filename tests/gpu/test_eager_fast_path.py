@@ -46,6 +46,19 @@ def test_bitwise_equal_to_full_path(nested, dtype):
     assert _prepared(q), "the fast path was never taken"
 
 
+def test_bitwise_equal_to_full_path_over_the_wide_m_buckets():
+    """M 257-512, where the path changes with M (no wgmma at 257-384, from 353 on low-bandwidth GPUs; session 36): a
+    weight the M 385-512 rule takes (N = 8192, 21M elements), calls in alternating buckets, each bitwise equal to the
+    full op path (whose pick is per call), so a cached entry of another bucket would show."""
+    torch.manual_seed(2)
+    n, k = 8192, 2560
+    q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
+    for m in (300, 450, 352, 353, 384, 385, 512, 257, 400):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(fastnf4.linear(x, q), _full(x, q)), m
+    assert _prepared(q), "the fast path was never taken"
+
+
 def test_one_entry_per_decode_size_and_one_per_prefill_bucket():
     # prefill M share an entry within a wgmma bucket (eager.m_key: <= 64, <= 128, <= 256, above); this weight is
     # too small for the wgmma kernel, so every bucket holds dequantize + cuBLAS
