@@ -46,17 +46,28 @@ def test_bitwise_equal_to_full_path(nested, dtype):
     assert _prepared(q), "the fast path was never taken"
 
 
-def test_bitwise_equal_to_full_path_over_the_wide_m_buckets():
+def test_fast_path_follows_the_dispatcher_over_the_wide_m_buckets():
     """M 257-512, where the path changes with M (no wgmma at 257-384, from 353 on low-bandwidth GPUs; session 36): a
-    weight the M 385-512 rule takes (N = 8192, 21M elements), calls in alternating buckets, each bitwise equal to the
-    full op path (whose pick is per call), so a cached entry of another bucket would show."""
+    weight the M 385-512 rule takes (N = 8192, 21M elements), calls in alternating buckets. Each is bitwise equal to
+    the full op path, and its cached launch is of the kind the dispatcher picks for that M (bits alone cannot tell:
+    the wgmma kernel's exact decode and cuBLAS on the dequantized weight can give the same sums here), so a launch
+    cached for another bucket would show."""
+    from fastnf4.ops.matmul import dispatch
+
     torch.manual_seed(2)
     n, k = 8192, 2560
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
+    kinds = {"wgmma": "Prepared", "dequant+matmul": "DequantMatmul"}
+    seen = set()
     for m in (300, 450, 352, 353, 384, 385, 512, 257, 400):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         assert torch.equal(fastnf4.linear(x, q), _full(x, q)), m
-    assert _prepared(q), "the fast path was never taken"
+        a = linear_args(q)
+        path = dispatch.pick_path(x, a[0], a[3], n, k, a[6] is not None, a[9])
+        entry = eager._PLANS[q][(x.dtype, eager.m_key(m), x.get_device())]
+        assert type(entry[2]).__name__ == kinds[path], (m, path, entry[2])
+        seen.add(path)
+    assert seen == set(kinds)  # both paths met (on the H200 and on low-bandwidth GPUs alike)
 
 
 def test_one_entry_per_decode_size_and_one_per_prefill_bucket():
