@@ -14,10 +14,9 @@ import torch
 
 import fastnf4
 from fastnf4.api import linear_args
-from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import rotation_count, time_graphs
+from fastnf4.bench.harness import time_graphs
 from fastnf4.ops.matmul import wgmma
-from probe_weights import model_weights
+from probe_weights import model_weights, rotated
 
 m = int(sys.argv[sys.argv.index("--m") + 1]) if "--m" in sys.argv else 128
 splits = ([int(s) for s in sys.argv[sys.argv.index("--splits") + 1].split(",")] if "--splits" in sys.argv
@@ -45,14 +44,11 @@ for model, layer, n, k, w, q in model_weights():
         assert torch.isfinite(y).all() and errs[name] <= 2.0, (model, layer, name, errs[name])
         plans[name] = prep.launch_plan(m, x.dtype, splits=kw.get("splits"), rows=kw.get("rows"))
     del ref, wd
-    reps = rotation_count(q.nbytes())
-    qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
+    wts, qs = rotated(w, q)
     preps = [wgmma.Prepared(*linear_args(qi)) for qi in qs]
-    reps_w = rotation_count(n * k * 2)
-    wts = [w] + [w.clone() for _ in range(reps_w - 1)]
-    fns = {"cublas": [lambda i=i: x @ wts[i].T for i in range(reps_w)]}
+    fns = {"cublas": [lambda wi=wi: x @ wi.T for wi in wts]}
     for name, kw in variants.items():
-        fns[name] = [lambda i=i, kw=kw: preps[i](x, **kw) for i in range(reps)]
+        fns[name] = [lambda p=p, kw=kw: p(x, **kw) for p in preps]
     t = time_graphs(fns, per_graph=20, replays=10)
     row = dict(model=model, layer=layer, N=n, K=k, M=m, cublas_us=t["cublas"]["median_us"],
                us={name: t[name]["median_us"] for name in variants}, err_ratio=errs,
