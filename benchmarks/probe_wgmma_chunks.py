@@ -3,7 +3,8 @@ of what is left), each with its own plan, against one launch over all M (M <= 51
 cuBLAS, all in one interleaved graph timing (harness.time_graphs) per (weight, M). Separate timings of M = 256 and
 M = 512 (bench matmul) are not comparable: the H200 lowers its clock under sustained GEMM load. Each chunked form is
 checked first (fresh x, poisoned y: every element finite, the error against a float32 product with the dequantized
-weight (no TF32; float64 would take minutes at M = 2048) <= 2x cuBLAS's on the same weight, and the last chunk's rows bitwise those of that chunk launched alone).
+weight (no TF32; float64 would take minutes at M = 2048) <= 2x cuBLAS's on the same weight, and the last chunk's
+rows bitwise those of that chunk launched alone).
 usage: python benchmarks/probe_wgmma_chunks.py [--ms 384,512,2048] [--chunks 128,256] [--only model/layer,...]
        [--json FILE]"""
 import json

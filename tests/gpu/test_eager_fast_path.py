@@ -71,8 +71,8 @@ def test_fast_path_follows_the_dispatcher_over_the_wide_m_buckets():
 
 
 def test_one_entry_per_decode_size_and_one_per_prefill_bucket():
-    # prefill M share an entry within a wgmma bucket (eager.m_key: <= 64, <= 128, <= 256, above); this weight is
-    # too small for the wgmma kernel, so every bucket holds dequantize + cuBLAS
+    # prefill M share an entry within a wgmma bucket (eager.m_key: <= 64 / 128 / 256 / 352 / 384 / 512, above); this is
+    # a weight too small for the wgmma kernel, so every bucket holds dequantize + cuBLAS
     q = fastnf4.quantize(torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16))
     for m in (1, 1, 2, 64, 40, 100, 2048, 1000):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)

@@ -197,7 +197,6 @@ def mma_wanted(m: int, n: int, k: int) -> bool:
 #   there the kernel runs 64-row x tiles, with which Gemma's (N = 2048) lost in the bench at 7c21521 (18.1 against
 #   16.9 us; the probe's 15.6 was with 128-row tiles).
 #
-#
 # Session 36: session 26 measured the M 257-512 bucket at M = 512 only, but the wgmma kernel's time is flat over the
 # bucket (BM 256: two x tiles at any M there, the same plan) while cuBLAS's falls with M. probe_wgmma.py --ms
 # 288,384,512 and --ms 136,160,192,224,416,448,480 at 2cbf92e (results/h200-probe-wgmma-m257-512.json,
@@ -205,8 +204,8 @@ def mma_wanted(m: int, n: int, k: int) -> bool:
 # gate_up 929 vs 667 us), M = 384 0.93-1.02, M = 416 1.03-1.10, M 448-512 1.04-1.16. So M 257-384 is a bucket of its
 # own with no wgmma rule. The H100 (low_bandwidth; results/h100-probe-wgmma-m288-448.json) crosses lower: M = 288
 # 0.84-1.08 on its rule's weights (Llama gate_up 951 vs 795), M = 384 0.95-1.18: its rule (below) starts at M = 353.
-# At M 129-256 (BM 256, one x tile) the
-# kernel stays ahead down to M = 136 (0.99-1.47; Qwen qkv 71.4 vs 70.9 us the closest).
+# At M 129-256 (BM 256, one x tile) the kernel stays ahead down to M = 136 (0.99-1.47; Qwen qkv 71.4 vs 70.9 us the
+# closest).
 #
 # The table of both: per M bucket (largest M), the rules (smallest N * K elements, smallest N, largest N, largest K)
 # under any of which a weight takes the wgmma kernel; at M <= 2 and above M = 512 none.
@@ -229,12 +228,11 @@ WGMMA_RULES = (
 # or K >= 16384. The lower bound: H100, session 36 (probe_wgmma.py --ms 288,384,448 and --ms 320,352 at 729567b,
 # results/h100-probe-wgmma-m288-448.json, -m320-352.json; dequantize + cuBLAS / wgmma on those 14 weights): M = 288
 # 0.84-1.08, M = 320 0.89-1.14 (Llama gate_up 827 vs 929 us; three rows higher where dequantize + cuBLAS and cuBLAS
-# read slow in that round), M = 352 0.96-1.19 (Gemma gate+up the one behind, as at
-# 384: 0.95; at 512 it is ahead), M = 384 0.95-1.18. The rule itself: H100, session
-# 34 (probe_wgmma.py --ms 256,512, results/h100-probe-wgmma-m256-512.json; us at M = 512, wgmma vs dequantize +
-# cuBLAS): ahead on 15 of the 17 model weights, of those the rules above leave out Llama gate+up 483.1 vs 543.2,
-# Llama qkv 160.3 vs 190.8, Qwen gate+up 266.5 vs 311.8, Qwen qkv 105.8 vs 120.8, Qwen down 303.5 vs 312.0, Gemma
-# gate+up 253.5 vs 269.5, Gemma down 254.5 vs 273.4 and Gemma q 48.0 vs 51.3 (N 4096, K 5376: not taken); behind on
+# read slow in that round), M = 352 0.96-1.19 (Gemma gate+up the one behind, as at 384: 0.95; at 512 it is ahead),
+# M = 384 0.95-1.18. The rule itself: H100, session 34 (probe_wgmma.py --ms 256,512,
+# results/h100-probe-wgmma-m256-512.json; us at M = 512, wgmma vs dequantize + cuBLAS): ahead on 15 of the 17 model
+# weights, of those the rules above leave out Llama gate+up 483.1 vs 543.2, Llama qkv 160.3 vs 190.8, Qwen gate+up
+# 266.5 vs 311.8, Qwen qkv 105.8 vs 120.8, Qwen down 303.5 vs 312.0, Gemma gate+up 253.5 vs 269.5, Gemma down 254.5 vs 273.4 and Gemma q 48.0 vs 51.3 (N 4096, K 5376: not taken); behind on
 # Qwen o 108.4 vs 96.7 and Gemma o 56.0 vs 52.8 (N <= 5376 and K <= 8192).
 WGMMA_LOW_BW_512 = (20 * 2**20, 8192, 16384)  # (smallest N * K, smallest N, or smallest K) at WGMMA_LOW_BW_M
 WGMMA_LOW_BW_M = (352, 512)  # the M range of that rule: above the first, up to the second
