@@ -232,8 +232,9 @@ WGMMA_RULES = (
 # M = 384 0.95-1.18. The rule itself: H100, session 34 (probe_wgmma.py --ms 256,512,
 # results/h100-probe-wgmma-m256-512.json; us at M = 512, wgmma vs dequantize + cuBLAS): ahead on 15 of the 17 model
 # weights, of those the rules above leave out Llama gate+up 483.1 vs 543.2, Llama qkv 160.3 vs 190.8, Qwen gate+up
-# 266.5 vs 311.8, Qwen qkv 105.8 vs 120.8, Qwen down 303.5 vs 312.0, Gemma gate+up 253.5 vs 269.5, Gemma down 254.5 vs 273.4 and Gemma q 48.0 vs 51.3 (N 4096, K 5376: not taken); behind on
-# Qwen o 108.4 vs 96.7 and Gemma o 56.0 vs 52.8 (N <= 5376 and K <= 8192).
+# 266.5 vs 311.8, Qwen qkv 105.8 vs 120.8, Qwen down 303.5 vs 312.0, Gemma gate+up 253.5 vs 269.5, Gemma down 254.5
+# vs 273.4 and Gemma q 48.0 vs 51.3 (N 4096, K 5376: not taken); behind on Qwen o 108.4 vs 96.7 and Gemma o 56.0 vs
+# 52.8 (N <= 5376 and K <= 8192).
 WGMMA_LOW_BW_512 = (20 * 2**20, 8192, 16384)  # (smallest N * K, smallest N, or smallest K) at WGMMA_LOW_BW_M
 WGMMA_LOW_BW_M = (352, 512)  # the M range of that rule: above the first, up to the second
 
