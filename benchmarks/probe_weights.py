@@ -1,6 +1,7 @@
 """The model weights the matmul probes run on (shared by probe_wgmma_build / _tail / _splits), and the check-then-time
 step of the probes that compare kernel variants (probe_small_m_plans / probe_wgmma_bm8 / probe_wgmma_wide_tail)."""
 import json
+import os
 import sys
 
 import torch
@@ -109,6 +110,15 @@ def check_and_time(x, wd, ws, qs, runs, what):
         prov[name] = [lambda i=i, run=run: run(x, qs[i]) for i in range(len(qs))]
     t = time_graphs(prov, per_graph=20, replays=10)
     return {p: r["median_us"] for p, r in t.items()}, errs
+
+
+def append_rows(rows):
+    """``rows`` appended to the JSON list in the file after ``--json`` on the command line, if given (created if
+    missing; a file several probe runs, e.g. the builds of an A / B, add to)."""
+    if "--json" in sys.argv:
+        path = sys.argv[sys.argv.index("--json") + 1]
+        old = json.load(open(path)) if os.path.exists(path) else []
+        json.dump(old + rows, open(path, "w"), indent=1)
 
 
 def write_rows(rows):

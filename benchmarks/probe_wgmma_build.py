@@ -8,7 +8,6 @@ x rows per block of those builds (e.g. --bm 128 --rows 128,192 at M = 512); --de
 beside them (label LABEL); --dq adds fastnf4 dequantize + cuBLAS (its time in each row's dq_us).
 usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_build.py LABEL [--m 128] [--rows R,...] [--bm B]
        [--default] [--dq] [--json FILE]"""
-import json
 import os
 import sys
 
@@ -16,10 +15,9 @@ import torch
 
 import fastnf4
 from fastnf4.api import linear_args
-from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import rotation_count, time_graphs
+from fastnf4.bench.harness import time_graphs
 from fastnf4.ops.matmul import wgmma
-from probe_weights import model_weights
+from probe_weights import append_rows, model_weights, rotated
 
 label = sys.argv[1]
 m = int(sys.argv[sys.argv.index("--m") + 1]) if "--m" in sys.argv else 128
@@ -48,16 +46,13 @@ for model, layer, n, k, w, q in model_weights():
         assert torch.isfinite(y).all() and errs[b, r] <= 2.0, (model, layer, b, r, errs[b, r])
         builds.append((b, r))
     del ref, wd
-    reps = rotation_count(q.nbytes())
-    qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
+    wts, qs = rotated(w, q)
     preps = [wgmma.Prepared(*linear_args(qi)) for qi in qs]
-    reps_w = rotation_count(n * k * 2)
-    wts = [w] + [w.clone() for _ in range(reps_w - 1)]
-    fns = {"cublas": [lambda i=i: x @ wts[i].T for i in range(reps_w)]}
+    fns = {"cublas": [lambda wi=wi: x @ wi.T for wi in wts]}
     if "--dq" in sys.argv:
-        fns["dq"] = [lambda i=i: x @ fastnf4.dequantize(qs[i]).T for i in range(reps)]
+        fns["dq"] = [lambda qi=qi: x @ fastnf4.dequantize(qi).T for qi in qs]
     for b, r in builds:
-        fns[f"wgmma{b},{r}"] = [lambda i=i, b=b, r=r: preps[i](x, bm=b, rows=r) for i in range(reps)]
+        fns[f"wgmma{b},{r}"] = [lambda p=p, b=b, r=r: p(x, bm=b, rows=r) for p in preps]
     t = time_graphs(fns, per_graph=20, replays=10)
     for b, r in builds:
         pbm, *_, picked = preps[0].launch_plan(m, x.dtype, bm=b, rows=r)
@@ -74,7 +69,4 @@ if "--dq" in sys.argv:
     first = [r for r in rows if r["label"] == rows[0]["label"]] if rows else []
     print("dequantize+cublas", f"M {m}", " ".join(f"{r['model'][:5]}/{r['layer']}:{r['dq_us']:.1f}"
                                                    f"({r['cublas_us'] / r['dq_us']:.2f})" for r in first), flush=True)
-if "--json" in sys.argv:
-    path = sys.argv[sys.argv.index("--json") + 1]
-    old = json.load(open(path)) if os.path.exists(path) else []
-    json.dump(old + rows, open(path, "w"), indent=1)
+append_rows(rows)

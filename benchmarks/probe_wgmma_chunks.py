@@ -7,18 +7,15 @@ weight (no TF32; float64 would take minutes at M = 2048) <= 2x cuBLAS's on the s
 rows bitwise those of that chunk launched alone).
 usage: python benchmarks/probe_wgmma_chunks.py [--ms 384,512,2048] [--chunks 128,256] [--only model/layer,...]
        [--json FILE]"""
-import json
-import os
 import sys
 
 import torch
 
 import fastnf4
 from fastnf4.api import linear_args
-from fastnf4.bench.common import clone_weight
-from fastnf4.bench.harness import rotation_count, time_graphs
+from fastnf4.bench.harness import time_graphs
 from fastnf4.ops.matmul import wgmma
-from probe_weights import model_weights
+from probe_weights import append_rows, model_weights, rotated
 
 
 def arg(name, default):
@@ -43,13 +40,10 @@ rows = []
 for model, layer, n, k, w, q in model_weights():
     if only is not None and f"{model[:5]}/{layer}" not in only:
         continue
-    prep = wgmma.Prepared(*linear_args(q))
     wd = fastnf4.dequantize(q)
-    reps = rotation_count(q.nbytes())
-    qs = [q] + [clone_weight(q) for _ in range(reps - 1)]
+    wts, qs = rotated(w, q)
     preps = [wgmma.Prepared(*linear_args(qi)) for qi in qs]
-    reps_w = rotation_count(n * k * 2)
-    wts = [w] + [w.clone() for _ in range(reps_w - 1)]
+    prep = preps[0]  # (of q itself)
     for m in ms:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         ref = x.float() @ wd.float().T
@@ -64,13 +58,13 @@ for model, layer, n, k, w, q in model_weights():
                 (model, layer, m, c, errs[c])
         del ref
         ys = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
-        fns = {"cublas": [lambda i=i: x @ wts[i].T for i in range(reps_w)],
-               "dq": [lambda i=i: x @ fastnf4.dequantize(qs[i]).T for i in range(reps)]}
+        fns = {"cublas": [lambda wi=wi: x @ wi.T for wi in wts],
+               "dq": [lambda qi=qi: x @ fastnf4.dequantize(qi).T for qi in qs]}
         if m <= wgmma.MAX_M:
-            fns["wgmma"] = [lambda i=i: preps[i](x, y=ys[i % 2]) for i in range(reps)]
+            fns["wgmma"] = [lambda i=i: preps[i](x, y=ys[i % 2]) for i in range(len(preps))]
         for c in chunk_sizes:
             if c < m:
-                fns[f"chunks{c}"] = [lambda i=i, c=c: chunked(preps[i], x, ys[i % 2], c) for i in range(reps)]
+                fns[f"chunks{c}"] = [lambda i=i, c=c: chunked(preps[i], x, ys[i % 2], c) for i in range(len(preps))]
         t = time_graphs(fns, per_graph=10 if m <= 512 else 4, replays=10)
         row = dict(model=model, layer=layer, N=n, K=k, M=m, err_ratio=errs,
                    **{f"{name}_us": v["median_us"] for name, v in t.items()})
@@ -82,7 +76,4 @@ for model, layer, n, k, w, q in model_weights():
         del ys
     del qs, preps, wts, wd
     torch.cuda.empty_cache()
-if "--json" in sys.argv:
-    path = sys.argv[sys.argv.index("--json") + 1]
-    old = json.load(open(path)) if os.path.exists(path) else []
-    json.dump(old + rows, open(path, "w"), indent=1)
+append_rows(rows)

@@ -6,8 +6,6 @@ default 1,2,3,4,6). Each variant is checked first (fresh x, poisoned y, error ag
 dequantized weight <= 2x cuBLAS's on the same weight), then all are timed with bf16 cuBLAS in one interleaved graph
 timing (harness.time_graphs).
 usage: python benchmarks/probe_wgmma_rows_plans.py [--m 128] [--all] [--splits 1,2,3] [--json FILE]"""
-import json
-import os
 import sys
 
 import torch
@@ -16,7 +14,7 @@ import fastnf4
 from fastnf4.api import linear_args
 from fastnf4.bench.harness import time_graphs
 from fastnf4.ops.matmul import wgmma
-from probe_weights import model_weights, rotated
+from probe_weights import append_rows, model_weights, rotated
 
 m = int(sys.argv[sys.argv.index("--m") + 1]) if "--m" in sys.argv else 128
 splits = ([int(s) for s in sys.argv[sys.argv.index("--splits") + 1].split(",")] if "--splits" in sys.argv
@@ -61,7 +59,4 @@ for model, layer, n, k, w, q in model_weights():
           f" r{wide} {plans[f'r{wide}'][1]}x{plans[f'r{wide}'][2]} full {plans[f'r{wide}'][3]})", flush=True)
     del qs, preps, wts
     torch.cuda.empty_cache()
-if "--json" in sys.argv:
-    path = sys.argv[sys.argv.index("--json") + 1]
-    old = json.load(open(path)) if os.path.exists(path) else []
-    json.dump(old + rows, open(path, "w"), indent=1)
+append_rows(rows)

@@ -57,12 +57,12 @@ def test_fast_path_follows_the_dispatcher_over_the_wide_m_buckets():
     torch.manual_seed(2)
     n, k = 8192, 2560
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
+    a = linear_args(q)
     kinds = {"wgmma": "Prepared", "dequant+matmul": "DequantMatmul"}
     seen = set()
     for m in (300, 450, 352, 353, 384, 385, 512, 257, 400):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         assert torch.equal(fastnf4.linear(x, q), _full(x, q)), m
-        a = linear_args(q)
         path = dispatch.pick_path(x, a[0], a[3], n, k, a[6] is not None, a[9])
         entry = eager._PLANS[q][(x.dtype, eager.m_key(m), x.get_device())]
         assert type(entry[2]).__name__ == kinds[path], (m, path, entry[2])
