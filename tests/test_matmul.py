@@ -262,6 +262,26 @@ def test_wgmma_not_supported_off_hopper():
     assert not wgmma.supports(x, torch.zeros(64 * 64, dtype=torch.uint8), 64, 128, 128)
 
 
+def test_wgmma_stats_fit_asks_for_the_arrays_end_on_a_copy_boundary():
+    """wgmma.cu copies statistics as whole aligned words (4 bytes of 8-bit codes, 16 of float absmax), so it runs
+    only where the array ends on such a boundary; compute-sanitizer reported the others' last word as a read past
+    the allocation (benchmarks/sanitize.py)."""
+    from fastnf4.ops.matmul import wgmma
+
+    base = torch.zeros(8192, dtype=torch.uint8)
+    assert base.data_ptr() % 16 == 0
+    codes = lambda start, n: base[start:start + n]  # noqa: E731
+    floats = lambda start, n: base[4 * start:4 * (start + n)].view(torch.float32)  # noqa: E731
+    assert wgmma.stats_fit(codes(0, 4952), nested=True)
+    assert not wgmma.stats_fit(codes(0, 4950), nested=True)   # 300 x 2112 / 128: the sanitizer's case
+    assert wgmma.stats_fit(codes(1, 4951), nested=True)       # a view off alignment that ends on a word
+    assert not wgmma.stats_fit(codes(1, 4952), nested=True)
+    assert wgmma.stats_fit(floats(0, 52), nested=False)
+    assert not wgmma.stats_fit(floats(0, 51), nested=False)   # 17 x 192 / 64
+    assert not wgmma.stats_fit(floats(1, 52), nested=False)
+    assert wgmma.stats_fit(floats(1, 51), nested=False)
+
+
 def test_wgmma_wrappers_are_the_generated_ones():
     """The long wgmma operand lists in wgmma.cu are benchmarks/gen_wgmma.py's output, verbatim."""
     import importlib.util

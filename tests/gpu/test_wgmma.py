@@ -35,13 +35,28 @@ def _budget(m, bm=None):
     return 2.0 if (bm or wgmma.block_m(m)) <= wgmma.FAST_MAX_BM else 1.1
 
 
+def _args(q, bias=None):
+    """``linear_args(q, bias)`` with the statistics moved, where needed, to a copy whose array ends on a whole copy
+    word (``wgmma.stats_fit``, which the dispatcher asks for): the odd shapes still run the kernel, with the
+    statistics starting off alignment (the kernel's per-element statistics path)."""
+    args = list(linear_args(q, bias))
+    absmax, nested = args[1], q.nested_absmax is not None
+    if not wgmma.stats_fit(absmax, nested):
+        pad = (-absmax.numel() * absmax.element_size()) % (4 if nested else 16) // absmax.element_size()
+        buf = torch.empty(absmax.numel() + pad, dtype=absmax.dtype, device=absmax.device)
+        buf[pad:] = absmax
+        args[1] = buf[pad:]
+        assert wgmma.stats_fit(args[1], nested)
+    return args
+
+
 def _check(q, m, dtype, bias, **force):
     n, k = q.shape
     wd = fastnf4.dequantize(q, dtype)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     ref = x.double() @ wd.double().T + (bias.double() if bias is not None else 0)
     y = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    wgmma.launch(x, *linear_args(q, bias), y=y, **force)
+    wgmma.launch(x, *_args(q, bias), y=y, **force)
     assert torch.isfinite(y).all()
     cublas = torch.nn.functional.linear(x, wd, bias)
     assert _rel(y, ref) <= _budget(m, force.get("bm")) * _rel(cublas, ref)
@@ -82,7 +97,8 @@ def test_wide_build(n, k, blocksize, nested, dtype):
     torch.manual_seed(n + k + blocksize)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, blocksize=blocksize,
                          double_quant=nested)
-    prepared = wgmma.Prepared(*linear_args(q))
+    args = _args(q)  # (kept alive: a Prepared holds addresses only)
+    prepared = wgmma.Prepared(*args)
     if prepared.lib.ready[(wgmma._DTYPES[dtype], wgmma.WIDE_BM, int(nested), wgmma.ROWS_WIDE)] == 0:
         pytest.skip("the wide build cannot run on this GPU")
     for m in (65, 100, 128):
@@ -109,7 +125,8 @@ def test_tail_plan_matches_and_replays_equal(dtype):
     torch.manual_seed(3)
     n, k, m = 21504, 5376, 128
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.02)
-    prepared = wgmma.Prepared(*linear_args(q))
+    args = _args(q)  # (kept alive: a Prepared holds addresses only)
+    prepared = wgmma.Prepared(*args)
     s, per, full = wgmma.plan(m, n, k, prepared.lib.sms, 128, 1)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert (s, per, full) == (3, 28, 132)
@@ -135,7 +152,8 @@ def test_split_sums_back_to_back_in_a_graph(cluster):
     torch.manual_seed(5)
     n, k, m = 1000, 2048, 32
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
-    prepared = wgmma.Prepared(*linear_args(q))
+    args = _args(q)  # (kept alive: a Prepared holds addresses only)
+    prepared = wgmma.Prepared(*args)
     xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(6)]
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     alone = [prepared(x, bias, splits=4, cluster=cluster) for x in xs]
@@ -163,7 +181,8 @@ def test_cluster_split_sum_equals_the_sum_kernel(bm, splits, nested, dtype):
     torch.manual_seed(bm * 10 + splits)
     n, k = 300, 64 * 66
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * 0.05, double_quant=nested)
-    prepared = wgmma.Prepared(*linear_args(q))
+    args = _args(q)  # (kept alive: a Prepared holds addresses only)
+    prepared = wgmma.Prepared(*args)
     for m in (max(1, bm - 3), bm + 5):
         assert prepared.launch_plan(m, dtype, bm=bm, splits=splits, cluster=True)[1:] == (splits, -(-66 // splits),
                                                                                          0, True, wgmma.ROWS)
@@ -183,7 +202,8 @@ def test_cluster_sum_only_where_it_applies():
     first, BM 128) is an error, not a wrong result; the default takes it only where all the clusters are resident at
     once."""
     q = fastnf4.quantize(torch.randn(300, 1536, device="cuda", dtype=torch.bfloat16) * 0.05)
-    prepared = wgmma.Prepared(*linear_args(q))
+    args = _args(q)  # (kept alive: a Prepared holds addresses only)
+    prepared = wgmma.Prepared(*args)
     x = torch.randn(40, 1536, device="cuda", dtype=torch.bfloat16)
     for force in (dict(splits=1), dict(splits=3, full_tiles=1), dict(bm=128, splits=3)):
         with pytest.raises(ValueError, match="cluster"):
@@ -221,3 +241,17 @@ def test_unsupported_shapes_fall_back():
     x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
     ref = x.double() @ fastnf4.dequantize(q).double().T
     assert _rel(fastnf4.linear(x, q), ref) < 1e-2
+    # statistics that do not end on a whole copy word (300 x 2112 / 128 = 4950 codes; 17 x 192 / 64 = 51 floats):
+    # refused (the kernel would read the last word past the array), so the other paths run, and correctly
+    for n, k, blocksize, nested in ((300, 2112, 128, True), (17, 192, 64, False)):
+        q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), blocksize=blocksize,
+                             double_quant=nested)
+        x = torch.randn(64, k, device="cuda", dtype=torch.bfloat16)
+        assert not wgmma.stats_fit(q.absmax, nested)
+        assert not wgmma.supports(x, q.packed_u8, blocksize, n, k, nested)
+        assert not wgmma.supports(x, q.packed_u8, blocksize, n, k, nested, 256, q.absmax)
+        assert dispatch.pick_path(x, q.packed_u8, blocksize, n, k, nested, 256, absmax=q.absmax) != "wgmma"
+        with pytest.raises(ValueError, match="statistics array"):
+            wgmma.launch(x, *linear_args(q))
+        ref = x.double() @ fastnf4.dequantize(q).double().T
+        assert _rel(fastnf4.linear(x, q), ref) < 1e-2

@@ -278,8 +278,9 @@ def _finish(acc: torch.Tensor, bias, dtype):
 
 
 def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_blocksize: int,
-              manual_bf16: bool = False) -> str:
-    """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported)."""
+              manual_bf16: bool = False, absmax: torch.Tensor | None = None) -> str:
+    """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported; ``absmax``:
+    the call's statistics, for ``wgmma.supports``)."""
     m = x2d.shape[0]
     pair = not manual_bf16 and gemv_mma.pair_wanted(m, n, k, blocksize)
     mma = not manual_bf16 and mma_wanted(m, n, k)
@@ -288,7 +289,7 @@ def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_
     mma_ok = mma and supported
     low_bw = low_bandwidth(x2d.device)
     wgmma_ok = (not manual_bf16 and wgmma_wanted(m, n, k, low_bw)
-                and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize))
+                and wgmma.supports(x2d, packed, blocksize, n, k, nested, nested_blocksize, absmax))
     return choose_path(m, n, k, blocksize, mma_ok, wgmma_ok, pair_ok, low_bw)
 
 
@@ -298,7 +299,8 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
     """[M, N] result on the current stream; ``path`` forces a kernel (benchmarks, tests)."""
     m = x2d.shape[0]
     if path is None:
-        path = pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize, manual_bf16)
+        path = pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize, manual_bf16,
+                         absmax)
     w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
     if path == "mma":
         return gemv_mma.launch(x2d, *w, bias)

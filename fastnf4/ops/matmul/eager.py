@@ -107,7 +107,8 @@ def prepare(x2d: torch.Tensor, args: tuple):
     _ops.check_linear_args(x2d, *args)
     packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, _ = args
     with _ops.on_device(x2d):  # the kernels' libraries and plans are asked for on the weight's GPU
-        path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize)
+        path = dispatch.pick_path(x2d, packed, blocksize, n, k, nested_code is not None, nested_blocksize,
+                                  absmax=absmax)
         if path == "mma":
             return gemv_mma.Prepared(x2d, *args)
         if path == "wgmma":

@@ -385,10 +385,10 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 }
 
 // The decode kernel's asynchronous form, for blocksizes >= 64 with K % 64 == 0 (each 64-code chunk pair lies
-// in one block) and a 16-byte aligned absmax array: ``fetch_stats`` copies the raw statistics of a phase (16 rows,
-// codes k0 .. k0 + 1023 of each) into the warp's raw area with 16-byte cp.async, a phase before ``decode_stats``
-// turns them into the warp's table. Each row's statistics of the phase lie in one window from the 16-byte boundary
-// at or below its first block, which the row's two lanes copy between them:
+// in one block) and a 16-byte aligned absmax array of whole 16-byte chunks: ``fetch_stats`` copies the raw
+// statistics of a phase (16 rows, codes k0 .. k0 + 1023 of each) into the warp's raw area with 16-byte cp.async, a
+// phase before ``decode_stats`` turns them into the warp's table. Each row's statistics of the phase lie in one
+// window from the 16-byte boundary at or below its first block, which the row's two lanes copy between them:
 // - without nesting, 80 bytes of float absmax at byte 80 r (lane 2 r 48 bytes, lane 2 r + 1 32); H200,
 //   probe_decode.py, M = 1, double quant off: faster or equal on all 15 model weights than eight 4-byte copies of
 //   the lane's own words, e.g. Llama gate_up 85.8 -> 80.1 us, Qwen down 34.3 -> 29.8 (NOTES.md session 23);
@@ -873,9 +873,13 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const long long wdiv = warps / splits;
   const int wmod = static_cast<int>(warps - wdiv * splits);
   const bool pair_shares_block = p.blocksize >= 64 && K % 64 == 0;
-  // statistics copied a phase ahead (16-byte cp.async of the rows' windows: the absmax array must be 16-byte aligned)
-  const bool async_stats = pair_shares_block && (reinterpret_cast<uintptr_t>(p.absmax) & 15) == 0;
   const long long nblocks = (N * K + p.blocksize - 1) >> log2_bs;
+  // statistics copied a phase ahead (16-byte cp.async of the rows' windows): the absmax array 16-byte aligned and a
+  // whole number of 16-byte chunks long. (A window's copy at the array's end asks for fewer source bytes, but
+  // compute-sanitizer counts such a copy as a read of all 16: benchmarks/sanitize_probe/cpasync_tail.cu.) Otherwise
+  // the synchronous form; no model weight needs it (N K / blocksize is a multiple of 16 on every one).
+  const bool async_stats = pair_shares_block && (reinterpret_cast<uintptr_t>(p.absmax) & 15) == 0 &&
+                           (nblocks & (kNested ? 15 : 3)) == 0;
 
   auto begin = [&](Cursor& c, long long tile, int split) {
     c.tile = tile;

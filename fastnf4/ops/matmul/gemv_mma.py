@@ -224,6 +224,14 @@ BURST_MAX_ELEMS = 24 * 2**20
 BURST_MIN_N = 2048
 
 
+def words_fit(absmax: torch.Tensor) -> bool:
+    """Whether the burst kernel's reads of whole aligned 4-byte statistics words stay inside ``absmax``: the array
+    starts and ends on 4-byte boundaries. (compute-sanitizer reported the last word of an odd count of 8-bit codes,
+    17 x 256 / 128, as a read past the allocation: benchmarks/sanitize.py, session 37.)"""
+    start = absmax.data_ptr()
+    return start % 4 == 0 and (start + absmax.numel() * absmax.element_size()) % 4 == 0
+
+
 def burst_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
     """Whether a call at M <= 2 takes the burst decode kernel (see BURST_MIN_ELEMS)."""
     return (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n >= BURST_MIN_N and
@@ -499,9 +507,9 @@ class Prepared:
             v = variant(m)  # (a GPU where the 20-warp block does not fit)
         if kernel is None and pair_wanted(m, n, k, blocksize):
             v = _pick_pair(lib, m, n, k, dt, nested)
-        if (kernel is None and local is None and splits is None and local_cluster is None and absmax.data_ptr() % 4 == 0
+        if (kernel is None and local is None and splits is None and local_cluster is None and words_fit(absmax)
                 and burst_wanted(m, n, k, blocksize) and lib.occupancy[(dt, BURST, int(nested))] > 0):
-            v = BURST  # (forced plans of the decode kernels keep them; statistics in a view off 4-byte alignment too)
+            v = BURST  # (forced plans of the decode kernels keep them; statistics off 4-byte word boundaries too)
         if v == SPLIT and m > 2:
             raise ValueError("gemv_mma: the split small-weight kernel takes M = 1 or 2")
         if v in (SMALL, SPLIT):
@@ -510,9 +518,10 @@ class Prepared:
             splits = (1, -(-k // SLICE))  # whole rows per block, no split-K across blocks
         if v == BURST:
             if not (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n * k < 2**31 and
-                    absmax.data_ptr() % 4 == 0):
+                    words_fit(absmax)):
                 raise ValueError("gemv_mma: the burst kernel takes M <= 2, blocksize >= 64, K % 256 == 0, "
-                                 "M * K <= 16384, N * K < 2^31 and statistics at a 4-byte aligned address")
+                                 "M * K <= 16384, N * K < 2^31 and statistics that start and end on 4-byte "
+                                 "boundaries")
             splits = (1, -(-k // SLICE))  # one tile per block at a time over all of K
         occ = lib.occupancy[(dt, v, int(nested))]
         if occ <= 0:

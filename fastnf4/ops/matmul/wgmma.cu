@@ -38,8 +38,9 @@
 // part = the block's rank in its cluster). Every tile split is full_tiles = 0; none is tail_tiles = 0. The whole
 // tiles are launched first and the short split blocks fill the last wave (wgmma.plan).
 //
-// Copies of whole aligned 4- or 16-byte statistics words can read up to 15 bytes past the end of the absmax
-// array, never past the aligned 16-byte chunk that holds its last element (so never into another page).
+// Statistics are copied as whole aligned 4- or 16-byte words, so the host launches it only where the absmax array
+// ends on such a boundary (wgmma.stats_fit: every model weight; compute-sanitizer reported the last word of the
+// others as a read past the allocation, session 37).
 //
 // Requirements checked by the caller: sm_90, K % 64 == 0, M * K * 2 < 2^31, blocksize a power of two >= 64, x contiguous with
 // 16-byte aligned rows (K % 8 == 0 holds), packed 16-byte aligned, nested statistics in blocks of 256.

@@ -103,12 +103,23 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def stats_fit(absmax: torch.Tensor, nested: bool) -> bool:
+    """Whether the kernel's copies of whole aligned statistics words (4 bytes of 8-bit codes, or 16 bytes of float
+    absmax: wgmma.cu) stay inside ``absmax``: its end on such a boundary. The quantizer's arrays end there on every
+    shape with N K / blocksize a multiple of 4 (every model weight); compute-sanitizer reports the others' last word
+    as a read past the allocation (benchmarks/sanitize.py)."""
+    return (absmax.data_ptr() + absmax.numel() * absmax.element_size()) % (4 if nested else 16) == 0
+
+
 def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k: int, nested: bool = False,
-             nested_blocksize: int = 256) -> bool:
-    """Shapes and layouts the kernel handles (Hopper only); everything else takes the other paths."""
+             nested_blocksize: int = 256, absmax: torch.Tensor | None = None) -> bool:
+    """Shapes and layouts the kernel handles (Hopper only); everything else takes the other paths. Without
+    ``absmax`` its array is taken to start aligned (as the quantizer's do) for ``stats_fit``."""
     if not (x2d.is_cuda and x2d.dtype in _DTYPES and x2d.dim() == 2 and x2d.shape[0] >= 1):
         return False
     if k % STEP or x2d.shape[0] * k * 2 >= 2**31 or blocksize < STEP or blocksize & (blocksize - 1):
+        return False
+    if not (stats_fit(absmax, nested) if absmax is not None else -(-n * k // blocksize) % 4 == 0):
         return False
     if nested and nested_blocksize != 256:  # the kernel indexes nested statistics with block >> 8
         return False
@@ -274,6 +285,9 @@ class Prepared:
         if self.lib is None:
             raise RuntimeError("the wgmma kernel is not available on this GPU")
         self.n, self.k, self.nested = n, k, nested_code is not None
+        if not stats_fit(absmax, self.nested):
+            raise ValueError("wgmma: the statistics array must end on a 4-byte (8-bit codes) or 16-byte (float "
+                             "absmax) boundary (the kernel copies whole aligned words)")
         self.params = Params(
             packed=packed.data_ptr(), absmax=absmax.data_ptr(),
             nested_code=nested_code.data_ptr() if self.nested else None,
