@@ -16,7 +16,7 @@ run() {  # tool, timeout, parts...
     > "$log" 2>&1
   echo "$tool $*: rc=$? | $(grep -E '^sanitize:' "$log") | $(grep -E 'SUMMARY' "$log")"
 }
-run memcheck 330 triton gemv_mma wgmma linear
-FASTNF4_SANITIZE_QUICK=1 run synccheck 90 gemv_mma wgmma
-FASTNF4_SANITIZE_QUICK=1 run initcheck 90 gemv_mma wgmma
-run racecheck 120 race
+run memcheck 300 triton gemv_mma wgmma linear
+FASTNF4_SANITIZE_QUICK=1 run synccheck 80 gemv_mma wgmma
+FASTNF4_SANITIZE_QUICK=1 run initcheck 80 gemv_mma wgmma
+run racecheck 100 race
