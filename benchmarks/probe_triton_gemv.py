@@ -24,10 +24,10 @@ def launch(x, q, block_n, split_k, warps):
     n, k = q.shape
     m = x.shape[0]
     ng = kernel.gemv_plan(m, n, k, q.blocksize, props.multi_processor_count)[1]  # (NG does not depend on BLOCK_N)
-    y = torch.zeros(m, n, dtype=torch.float32, device="cuda") if split_k > 1 else torch.empty(m, n, dtype=x.dtype,
-                                                                                             device="cuda")
+    y = torch.empty(split_k, m, n, dtype=torch.float32, device="cuda") if split_k > 1 else \
+        torch.empty(m, n, dtype=x.dtype, device="cuda")
     ck = kernel.launch_gemv(x, *linear_args(q)[:-1], None, y, block_n, ng, split_k, num_warps=warps)
-    return (y.to(x.dtype) if split_k > 1 else y), ck
+    return (kernel.add_parts(y, None, x.dtype) if split_k > 1 else y), ck
 
 
 def resident(ck, warps):

@@ -11,7 +11,7 @@ import torch
 import fastnf4
 from fastnf4 import _triton
 from fastnf4.api import linear_args
-from fastnf4.ops.matmul import dispatch, gemv_mma, wgmma
+from fastnf4.ops.matmul import dispatch, gemv_mma, kernel, wgmma
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_triton = pytest.mark.skipif(torch.cuda.is_available() and not _triton.use_triton(torch.device("cuda")),
@@ -68,3 +68,20 @@ def test_linear_without_the_cuda_kernels(m, monkeypatch):
         y = fastnf4.linear(x, q, b)
         torch.cuda.synchronize()
         assert torch.isfinite(y).all() and _rel(y, ref) <= 2 * yardstick, (path, _rel(y, ref), yardstick)
+
+
+@needs_triton
+@pytest.mark.parametrize("path, m, n", [("gemv", 1, 48), ("gemv", 2, 1000), ("gemm", 8, 1000), ("gemm", 32, 300)])
+def test_split_k_is_bitwise_repeatable(path, m, n):
+    """Few row tiles and a long K: the plans split K (asserted), and the parts' float32 partial sums are added in a
+    fixed order (``kernel.add_parts``), so every call gives the same bits (atomic adds did not: the fuzz test of
+    fastnf4.linear caught an fp32 call whose fast and full paths differed)."""
+    k = 8192
+    q, x, b, ref, yardstick = _case(n, k, 64, True, m, torch.float32 if m == 1 else torch.bfloat16, bias=True)
+    sms = dispatch.num_sms(x.device)
+    split = (kernel.gemv_plan(m, n, k, 64, sms)[2] if path == "gemv" else kernel.gemm_plan(m, n, k, 64, sms)[1])
+    assert split > 1
+    ys = [dispatch.linear_triton(x, *linear_args(q, b), path=path) for _ in range(20)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    assert _rel(ys[0], ref) <= 2 * yardstick + 2.0 ** -12

@@ -271,12 +271,6 @@ def choose_path(m: int, n: int, k: int, blocksize: int, mma_ok: bool = False, wg
     return "dequant+matmul"
 
 
-def _finish(acc: torch.Tensor, bias, dtype):
-    if bias is not None:
-        acc += bias.float()
-    return acc.to(dtype)
-
-
 def pick_path(x2d, packed, blocksize: int, n: int, k: int, nested: bool, nested_blocksize: int,
               manual_bf16: bool = False, absmax: torch.Tensor | None = None) -> str:
     """The path ``linear_triton`` takes for this call (the CUDA kernels only where built and supported; ``absmax``:
@@ -314,12 +308,12 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
     sms = num_sms(x2d.device)
     if path == "gemv":
         block_n, ng, split_k = kernel.gemv_plan(m, n, k, blocksize, sms)
-        y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
+        y = torch.empty(split_k, m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
             torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
         kernel.launch_gemv(x2d, *w, bias if split_k == 1 else None, y, block_n, ng, split_k, interpret=manual_bf16)
     else:
         config, split_k = kernel.gemm_plan(m, n, k, blocksize, sms)
-        y = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
+        y = torch.empty(split_k, m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
             torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
         kernel.launch_gemm(x2d, *w, bias if split_k == 1 else None, y, config, split_k, interpret=manual_bf16)
-    return _finish(y, bias, x2d.dtype) if split_k > 1 else y
+    return kernel.add_parts(y, bias, x2d.dtype, interpret=manual_bf16) if split_k > 1 else y

@@ -18,6 +18,7 @@ and adds the bias).
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -98,8 +99,8 @@ def gemv_kernel(
     o_m = tl.arange(0, MP)
     m_out = m_n[:, None] & (o_m[None, :] < M)
     p_out = p_y + o_m[None, :] * stride_ym + o_n[:, None]
-    if SPLIT_K > 1:
-        tl.atomic_add(p_out, acc, mask=m_out)
+    if SPLIT_K > 1:  # this part's float32 partial sums, in its own [M, N] slice (added in part order by the caller)
+        tl.store(p_out + pid_k.to(tl.int64) * M * N, acc, mask=m_out)
     else:
         if HAS_BIAS:
             acc += tl.load(p_bias + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
@@ -170,8 +171,8 @@ def gemm_kernel(
 
     m_out = m_m[:, None] & m_n[None, :]
     p_out = p_y + o_m[:, None] * stride_ym + o_n[None, :]
-    if SPLIT_K > 1:
-        tl.atomic_add(p_out, acc, mask=m_out)
+    if SPLIT_K > 1:  # this part's float32 partial sums, in its own [M, N] slice (added in part order by the caller)
+        tl.store(p_out + pid_k.to(tl.int64) * M * N, acc, mask=m_out)
     else:
         if HAS_BIAS:
             acc += tl.load(p_bias + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
@@ -208,18 +209,47 @@ def gemv_plan(m: int, n: int, k: int, blocksize: int, sms: int):
 
 def launch_gemv(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
                 bias, y, block_n, ng, split_k, num_warps=4, interpret=False):
-    """y[M, N] for M <= 4; with split_k > 1, ``y`` is a zeroed float32 buffer and the bias is not added. Returns
-    Triton's handle of the launched kernel (its registers and spills, for probes)."""
+    """y[M, N] for M <= 4; with split_k > 1, ``y`` is a float32 buffer [split_k, M, N] of the parts' partial sums
+    (``add_parts`` adds them; the bias is not added). Returns Triton's handle of the launched kernel (its registers
+    and spills, for probes)."""
     m = x2d.shape[0]
     nested = nested_code is not None
     return gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2d, packed, absmax, code, nested_code if nested else code, nested_absmax if nested else absmax,
         offset if nested else code, bias if bias is not None else code, y,
-        n, k, x2d.stride(0), y.stride(0),
+        n, k, x2d.stride(0), y.stride(-2),
         M=m, MP=triton.next_power_of_2(m), BLOCKSIZE=blocksize, G=group_elems(k, blocksize), NESTED=nested,
         NESTED_BLOCKSIZE=nested_blocksize, HAS_BIAS=bias is not None, BLOCK_N=block_n, NG=ng, SPLIT_K=split_k,
         INT64=(n * k >= 2**31), INTERPRET=interpret, num_warps=num_warps,
     )
+
+
+@triton.jit
+def add_parts_kernel(p_parts, p_bias, p_y, MN, N, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = o < MN
+    p_part = p_parts + o
+    acc = tl.load(p_part, mask=mask, other=0.0)
+    for _ in range(1, S):  # in part order
+        p_part += MN
+        acc += tl.load(p_part, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(p_bias + o % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(p_y + o, _cast_out(acc, p_y.dtype.element_ty, INTERPRET), mask=mask)
+
+
+def add_parts(parts: torch.Tensor, bias, dtype: torch.dtype, interpret: bool = False) -> torch.Tensor:
+    """The split-K result [M, N] in ``dtype`` from the parts' float32 partial sums [S, M, N] (+ bias): one kernel
+    adds the parts in part order (the same bits on every run, as the CUDA kernels' sums; the atomic adds the GEMV /
+    GEMM did before into one float32 buffer differed from run to run: tests/gpu/test_fuzz_linear.py), adds the bias
+    and rounds once."""
+    s, m, n = parts.shape
+    y = torch.empty(m, n, dtype=dtype, device=parts.device)
+    block = 1024
+    add_parts_kernel[(triton.cdiv(m * n, block),)](parts, bias if bias is not None else parts, y, m * n, n, s,
+                                                   HAS_BIAS=bias is not None, BLOCK=block, INTERPRET=interpret)
+    return y
 
 
 def gemm_config(m: int, n: int, k: int):
@@ -246,14 +276,15 @@ def gemm_plan(m: int, n: int, k: int, blocksize: int, sms: int, config=None):
 
 def launch_gemm(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
                 bias, y, config, split_k, group_m=8, interpret=False):
-    """y[M, N] on tensor cores; with split_k > 1, ``y`` is a zeroed float32 buffer and the bias is not added."""
+    """y[M, N] on tensor cores; with split_k > 1, ``y`` is a float32 buffer [split_k, M, N] of the parts' partial
+    sums (``add_parts`` adds them; the bias is not added)."""
     m = x2d.shape[0]
     bm, bn, bk, warps, stages = config
     nested = nested_code is not None
     gemm_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)](
         x2d, packed, absmax, code, nested_code if nested else code, nested_absmax if nested else absmax,
         offset if nested else code, bias if bias is not None else code, y,
-        m, n, k, x2d.stride(0), y.stride(0),
+        m, n, k, x2d.stride(0), y.stride(-2),
         BLOCKSIZE=blocksize, G=group_elems(k, blocksize), NESTED=nested, NESTED_BLOCKSIZE=nested_blocksize,
         HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SPLIT_K=split_k,
         INT64=(max(n, m) * k >= 2**31), FP32_IEEE=(x2d.dtype.itemsize == 4), INTERPRET=interpret,
