@@ -44,6 +44,56 @@ def test_paths_match_reference(path, m, n, k, blocksize, nested, rng):
 
 
 @needs_triton
+@pytest.mark.parametrize("seed", range(3))
+def test_random_shapes_every_path(seed):
+    """Random small shapes (seeded; N and K any, also odd; blocksizes 32-4096; nested on / off; bf16 / fp16 / fp32;
+    bias or none) through each Triton path the shape allows and ``fastnf4.linear``'s own pick: within 2x the error of
+    a matmul on the dequantized weight, the output poisoned first. The GPU has its own, larger fuzz test
+    (tests/gpu/test_fuzz_linear.py)."""
+    import random
+
+    r = random.Random(77 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(4):
+        n, k = r.randrange(1, 97), r.choice([r.randrange(1, 200), 32 * r.randrange(1, 13)])
+        m = r.choice([1, 2, 3, 4, 5, 17, 33])
+        blocksize, nested = r.choice([32, 64, 128, 256, 4096]), r.random() < 0.5
+        dtype = r.choice([torch.bfloat16, torch.float16, torch.float32])
+        w = torch.randn(n, k, generator=gen) * 0.05
+        q = fastnf4.quantize(w.to(dtype), blocksize=blocksize, double_quant=nested)
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        bias = (torch.randn(n, generator=gen) * 0.1).to(dtype) if r.random() < 0.5 else None
+        wd = fastnf4.dequantize(q, dtype)
+        ref = x.double() @ wd.double().T + (bias.double() if bias is not None else 0)
+        yardstick = rel_err(torch.nn.functional.linear(x, wd, bias), ref)
+        paths = [p for p in PATHS if not (p == "gemv" and m > 4)]
+        for path in paths:
+            try:
+                out = run_path(x, q, bias, path)
+            except ValueError:  # (a fused path the shape does not allow: no quantization group fits K)
+                assert path != "dequant+matmul"
+                continue
+            y = torch.full((m, n), float("nan"), dtype=dtype)
+            y.copy_(out)
+            assert not torch.isnan(y).any(), (n, k, m, blocksize, nested, dtype, path)
+            assert rel_err(y, ref) <= 2 * yardstick + 2.0 ** -20, (n, k, m, blocksize, nested, dtype, path)
+        y = fastnf4.linear(x, q, bias)
+        assert y.dtype == dtype and rel_err(y, ref) <= 2 * yardstick + 2.0 ** -20, (n, k, m, blocksize, nested, dtype)
+
+
+def test_forced_triton_paths_refuse_shapes_they_cannot_take():
+    """No power of two >= 16 divides both K and the blocksize (K = 100): the fused Triton paths, forced, raise a
+    ValueError naming it (they divided by zero before); an unknown path name is refused too."""
+    q = fastnf4.quantize(torch.randn(8, 100), blocksize=64, double_quant=False)
+    x = torch.randn(1, 100)
+    for path in ("gemv", "gemm"):
+        with pytest.raises(ValueError, match="power of two >= 16 dividing both K"):
+            dispatch.linear_triton(x, *linear_args(q), path=path)
+    with pytest.raises(ValueError, match="unknown path"):
+        dispatch.linear_triton(x, *linear_args(q), path="gemvv")
+
+
+@needs_triton
 def test_public_linear_shapes_dtypes_and_fallback(rng):
     w = torch.randn(40, 96, generator=rng) * 0.05
     for dtype in (torch.float16, torch.bfloat16, torch.float32):

@@ -305,6 +305,11 @@ def linear_triton(x2d, packed, absmax, code, blocksize, n, k, nested_code, neste
         dq_kernel.launch(packed, absmax, code, wd, blocksize, n * k, nested_code, nested_absmax, offset,
                          nested_blocksize, manual_bf16=manual_bf16)
         return torch.nn.functional.linear(x2d, wd.view(n, k), bias)
+    if path not in ("gemv", "gemm"):
+        raise ValueError(f"linear_triton: unknown path {path!r}")
+    if kernel.group_elems(k, blocksize) == 0:  # (the dispatcher never picks them then)
+        raise ValueError(f"linear_triton: the Triton {path} needs a power of two >= 16 dividing both K ({k}) and the "
+                         f"blocksize ({blocksize}); dequant+matmul takes any shape")
     sms = num_sms(x2d.device)
     if path == "gemv":
         block_n, ng, split_k = kernel.gemv_plan(m, n, k, blocksize, sms)
