@@ -332,6 +332,17 @@ def test_wgmma_stats_fit_asks_for_the_arrays_end_on_a_copy_boundary():
     assert wgmma.stats_fit(floats(1, 51), nested=False)
 
 
+def test_burst_words_fit_asks_for_whole_words_at_both_ends():
+    """gemv_mma.cu's burst kernel reads a row's statistics as aligned 4-byte words: it takes only arrays that start
+    and end on word boundaries (an odd count of 8-bit codes, e.g. 17 x 256 / 128 = 34, is refused)."""
+    base = torch.zeros(256, dtype=torch.uint8)
+    assert base.data_ptr() % 16 == 0
+    assert gemv_mma.words_fit(base[:36]) and gemv_mma.words_fit(base[4:40])
+    assert not gemv_mma.words_fit(base[:34])     # ends inside a word
+    assert not gemv_mma.words_fit(base[1:37])    # starts inside one
+    assert gemv_mma.words_fit(base[:204].view(torch.float32))  # float absmax: whole words whenever aligned
+
+
 def test_wgmma_wrappers_are_the_generated_ones():
     """The long wgmma operand lists in wgmma.cu are benchmarks/gen_wgmma.py's output, verbatim."""
     import importlib.util
