@@ -30,11 +30,21 @@ def weight(n, k, blocksize, nested, dtype=torch.bfloat16, quant_type="nf4"):
     return fastnf4.quantize(w, blocksize=blocksize, double_quant=nested, quant_type=quant_type)
 
 
+_last = [None, None, None, None]  # (x, q, bias, their reference): the loops vary the kernel and plan innermost
+
+
+def reference(x, q, bias):
+    """x @ dequant(q).T (+ bias) in float32, worked out once per (x, q, bias) in a row of calls (under the sanitizer
+    every dequantize and matmul is instrumented too)."""
+    if not (_last[0] is x and _last[1] is q and _last[2] is bias):
+        ref = x.float() @ fastnf4.dequantize(q, torch.float32).T
+        _last[:] = [x, q, bias, ref + bias.float() if bias is not None else ref]
+    return _last[3]
+
+
 def check(what, y, x, q, bias):
     """y against x @ dequant(q).T (+ bias) in float32: finite, relative Frobenius error <= 2e-2."""
-    ref = x.float() @ fastnf4.dequantize(q, torch.float32).T
-    if bias is not None:
-        ref = ref + bias.float()
+    ref = reference(x, q, bias)
     err = ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     counts["launches"] += 1
     if not (torch.isfinite(y).all() and err <= 2e-2):
