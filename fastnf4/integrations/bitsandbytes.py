@@ -10,7 +10,8 @@ in ``CALLS`` (tests use it).
 Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
 
 * ``dequantize_4bit`` and ``dequantize_4bit.out``: every blocksize, nf4 and fp4, any quant_storage; bit-exact.
-* ``quantize_4bit``: fp16/bf16/fp32 input, any quant_storage; bit-exact (packed bytes and absmax).
+* ``quantize_4bit``: fp16/bf16/fp32 input (also strided), any quant_storage whose elements the packed bytes fill;
+  bit-exact (packed bytes and absmax).
 * ``gemm_4bit`` (0.50): M >= 4 rows, double quant or not, bias; M < 4 rows only where fastnf4's CUDA tensor-core
   kernels (``ops/matmul/gemv_mma.cu``) are built and fit the shape (its Triton fallback GEMV is slower than
   bitsandbytes', benchmarks/results/h200-matmul.json), otherwise bitsandbytes keeps them.
@@ -173,13 +174,14 @@ def _quantize_4bit(keyset, A, blocksize, quant_type, quant_storage):
 
     n = A.numel()
     itemsize = torch.empty((), dtype=quant_storage).element_size()
-    if not (blocksize in BLOCKSIZES and quant_type in QUANT_TYPES and A.is_contiguous()
+    if not (blocksize in BLOCKSIZES and quant_type in QUANT_TYPES
             and A.dtype in (torch.float16, torch.bfloat16, torch.float32) and ((n + 1) // 2) % itemsize == 0):
         return _fallback("quantize_4bit", keyset, A, blocksize, quant_type, quant_storage)
     from fastnf4 import _ops
 
     CALLS["quantize_4bit"] += 1
-    packed, absmax = _ops.quantize_4bit(A, blocksize, quant_type)
+    # (a strided input is quantized in the row-major order of its values, as bitsandbytes' kernel does after its copy)
+    packed, absmax = _ops.quantize_4bit(A.contiguous(), blocksize, quant_type)
     return packed.view(quant_storage).view(-1, 1), absmax
 
 
