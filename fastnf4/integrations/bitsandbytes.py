@@ -15,8 +15,9 @@ Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
 * ``gemm_4bit`` (0.50): M >= 4 rows, double quant or not, bias; M < 4 rows only where fastnf4's CUDA tensor-core
   kernels (``ops/matmul/gemv_mma.cu``) are built and fit the shape (its Triton fallback GEMV is slower than
   bitsandbytes', benchmarks/results/h200-matmul.json), otherwise bitsandbytes keeps them.
-* ``gemv_4bit`` (0.48/0.49 decode path; statistics already decoded to float32, the 16-entry ``code`` given):
-  under the same condition as ``gemm_4bit`` at M < 4.
+* ``gemv_4bit`` and ``gemv_4bit.out`` (0.48/0.49 decode path; statistics already decoded to float32, the 16-entry
+  ``code`` given): under the same condition as ``gemm_4bit`` at M < 4, and on CUDA every call bitsandbytes' own gemv
+  kernel gets wrong (x of more than one row, K not a multiple of 32: ``_bnb_gemv_wrong``).
 
 When fastnf4 and bitsandbytes are installed together, bitsandbytes loads the entry point
 ``bitsandbytes.backends: fastnf4`` after registering its own ops, which calls :func:`autopatch` (CUDA only).
@@ -270,20 +271,29 @@ def _prepare_and_run(name, key, A, n, bias, linear_args):
     return y
 
 
-def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
+def _bnb_gemv_wrong(A, k) -> bool:
+    """A CUDA call that bitsandbytes' own gemv_4bit kernel gets wrong: it computes x's first row only (the output's
+    other rows are left as allocated), and with K not a multiple of 32 its rows come out wrong (relative error ~1,
+    bitsandbytes 0.50.2 on the H200, benchmarks/results/h200-probe-bnb-gemv.txt)."""
+    return A.is_cuda and (k % 32 != 0 or A.numel() != k)
+
+
+def _gemv(keyset, A, B, shapeB, absmax, code, blocksize):
+    """The output of a gemv_4bit call fastnf4 takes (prepared launch or the full path), else None: decode sizes its
+    CUDA kernels fit, and every call bitsandbytes' own kernel gets wrong."""
     key = _launch_key(A, B, shapeB, blocksize, "gemv", (absmax, code), None)
     y = _prepared_hit("gemv_4bit", key, A, shapeB[0], None)
     if y is not None:
         return y
-    args = (A, B, shapeB, absmax, code, blocksize)
     covered = (
-        len(shapeB) == 2 and A.dim() > 0 and A.shape[-1] == shapeB[1] and A.dtype in (torch.float16, torch.bfloat16)
-        and code.dtype == torch.float32 and code.numel() == 16 and code.device == A.device and B.device == A.device
+        len(shapeB) == 2 and A.dim() > 0 and A.shape[-1] == shapeB[1] and code.dtype == torch.float32
+        and code.numel() == 16 and code.device == A.device and B.device == A.device
         and _dequant_covered(B, absmax, blocksize, "nf4", shapeB[0] * shapeB[1], A.dtype)
-        and _decode_kernel_ok(A, B, shapeB[1], blocksize)
+        and ((A.dtype in (torch.float16, torch.bfloat16) and _decode_kernel_ok(A, B, shapeB[1], blocksize))
+             or _bnb_gemv_wrong(A, shapeB[1]))
     )
     if not covered:
-        return _fallback("gemv_4bit", keyset, *args)
+        return None
     from fastnf4 import _ops
 
     n, k = shapeB
@@ -293,6 +303,22 @@ def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
         return y
     CALLS["gemv_4bit"] += 1
     return _ops.linear(A, *largs)
+
+
+def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
+    y = _gemv(keyset, A, B, shapeB, absmax, code, blocksize)
+    return y if y is not None else _fallback("gemv_4bit", keyset, A, B, shapeB, absmax, code, blocksize)
+
+
+def _gemv_4bit_out(keyset, A, B, shapeB, absmax, code, blocksize, out):
+    if not (out.dtype == A.dtype and out.device == A.device and len(shapeB) == 2 and A.dim() > 0
+            and tuple(out.shape) == (*A.shape[:-1], shapeB[0])):
+        y = None
+    else:
+        y = _gemv(keyset, A, B, shapeB, absmax, code, blocksize)
+    if y is None:
+        return _fallback("gemv_4bit.out", keyset, A, B, shapeB, absmax, code, blocksize, out)
+    out.copy_(y)
 
 
 def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
@@ -325,6 +351,7 @@ _IMPLS = {
     "quantize_4bit": _quantize_4bit,
     "gemm_4bit": _gemm_4bit,
     "gemv_4bit": _gemv_4bit,
+    "gemv_4bit.out": _gemv_4bit_out,
 }
 
 

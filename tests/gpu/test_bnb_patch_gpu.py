@@ -162,3 +162,33 @@ def test_prepared_launches_match_and_follow_the_tensors(nested):
     assert calls.get("gemm_4bit") == 8, calls
     kinds = {type(p).__name__ for p in integ._PREPARED.values()}
     assert kinds == {"Prepared", "DequantMatmul"}, kinds
+
+
+@pytest.mark.parametrize("m,k", [(1, 100), (1, 1000), (2, 4096), (3, 130)])
+def test_gemv_calls_bitsandbytes_gets_wrong_are_taken(m, k):
+    """bitsandbytes' own gemv_4bit kernel computes x's first row only and gets K % 32 != 0 wrong (relative error ~1,
+    benchmarks/results/h200-probe-bnb-gemv.txt); the patch takes those calls (also the ``out=`` form) and gives the
+    product within GEMM rounding."""
+    import bitsandbytes.functional as F
+
+    torch.manual_seed(k + m)
+    n = 768
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wd = F.dequantize_4bit(p, qs)
+    ref = x.double() @ wd.double().T
+    yardstick = ((torch.nn.functional.linear(x, wd).double() - ref).norm() / ref.norm()).item()
+    fastnf4.patch_bitsandbytes(("cuda",))
+    integ.CALLS.clear()
+    try:
+        y = F.gemv_4bit(x, p.t(), state=qs)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        F.gemv_4bit(x, p.t(), state=qs, out=out)
+        calls = dict(integ.CALLS)
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+    assert calls.get("gemv_4bit") == 2, calls
+    for got in (y, out):
+        assert got.shape == (m, n)
+        assert ((got.double() - ref).norm() / ref.norm()).item() <= 2 * yardstick + 1e-6

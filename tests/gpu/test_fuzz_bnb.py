@@ -13,9 +13,11 @@ bitsandbytes' public functions: unpatched (bitsandbytes' CUDA kernels), then pat
 - ``matmul_4bit`` on 2-D weights (M 1 to ~700, x 2-D or 3-D, fp16 / bf16 / fp32, a bias or none, ``out=`` or not,
   x requiring grad or not): a call fastnf4 takes (counted in ``CALLS``) gives the bits of ``fastnf4.linear`` on the same
   weight and is within the issue's error budget (at most 2x cuBLAS's relative error on the dequantized weight); a call
-  it leaves to bitsandbytes gives bitsandbytes' bits. With grad, bitsandbytes' autograd function dequantizes through
-  the patched op: output and grad_x identical to the unpatched ones. Every M >= 4 inference call must be taken;
-- ``gemv_4bit`` (bitsandbytes' old decode op, M = 1, nf4): taken calls within the error budget, others identical.
+  it leaves to bitsandbytes gives bitsandbytes' bits. Every call of M >= 4 rows must be taken. With grad, bitsandbytes'
+  autograd function runs the same gemm_4bit forward and a backward through the patched dequantize: grad_x identical
+  to the unpatched one;
+- ``gemv_4bit`` (bitsandbytes' old decode op, nf4; M 1-3, with or without ``out=``): taken calls within the error
+  budget; calls left to bitsandbytes identical, and only where its own kernel is right (one row, K % 32 == 0).
 
 Nothing in a case is compared with a number fastnf4 produced alone: the oracle is bitsandbytes itself (bit-exact
 ops), float64 products (the matmul budget) and fastnf4.linear's own path (the patch must add nothing to it).
@@ -179,12 +181,10 @@ def _check_matmul(p, qs, mcase, seed):
     y0, gx0 = call()
     (y1, gx1), calls = _patched(call)
     assert y1.shape == (*x.shape[:-1], n) and y1.dtype == dtype, what
-    if grad:  # bitsandbytes' autograd function: the patched dequantize, then the same cuBLAS calls
-        assert calls.get("dequantize_4bit", 0) >= 1 and "gemm_4bit" not in calls, (what, calls)
-        assert same(y0, y1) and same(gx0, gx1), what
-        return
+    if grad:  # bitsandbytes' autograd function: gemm_4bit forward, backward through the (patched) dequantize
+        assert calls.get("dequantize_4bit", 0) >= 1 and same(gx0, gx1), (what, calls)
     if "gemm_4bit" not in calls:
-        assert m < integ.GEMM_MIN_M, f"{what}: an M >= {integ.GEMM_MIN_M} inference call left to bitsandbytes"
+        assert m < integ.GEMM_MIN_M, f"{what}: an M >= {integ.GEMM_MIN_M} call left to bitsandbytes"
         assert same(y0, y1), what
         return
     expect = fastnf4.linear(x, fastnf4.NF4Weight.from_bnb(p, qs), bias)
@@ -197,21 +197,36 @@ def _check_matmul(p, qs, mcase, seed):
     assert _rel(y1.reshape(m, n), ref) <= 2 * yardstick + 2.0 ** -12, (what, _rel(y1.reshape(m, n), ref), yardstick)
 
 
-def _check_gemv(p, qs, seed):
-    """bitsandbytes' old decode op at M = 1 (statistics decoded to float32 first, as ``F.gemv_4bit`` does)."""
+def _check_gemv(p, qs, rng, seed):
+    """bitsandbytes' old decode op (statistics decoded to float32 first, as ``F.gemv_4bit`` does), with or without
+    ``out=``. Its own kernel computes x's first row only and gets K % 32 != 0 wrong
+    (benchmarks/results/h200-probe-bnb-gemv.txt): such calls must be taken, and are then within the budget."""
     n, k = qs.shape
+    m = rng.choice([1, 1, 1, 2, 3])
+    dtype = rng.choice([torch.bfloat16, torch.bfloat16, torch.float16, torch.float32])
+    out_on = rng.random() < 0.3
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda", generator=g)
+    x = torch.randn(m, k, dtype=dtype, device="cuda", generator=g)
+
+    def call():
+        if not out_on:
+            return F.gemv_4bit(x, p.t(), state=qs)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        assert F.gemv_4bit(x, p.t(), state=qs, out=out) is out
+        return out
+
     fastnf4.unpatch_bitsandbytes()
-    y0 = F.gemv_4bit(x, p.t(), state=qs)
-    y1, calls = _patched(lambda: F.gemv_4bit(x, p.t(), state=qs))
-    what = f"gemv {tuple(qs.shape)} bs={qs.blocksize} nested={qs.nested}"
+    y0 = call()
+    y1, calls = _patched(call)
+    what = f"gemv {tuple(qs.shape)} bs={qs.blocksize} nested={qs.nested} m={m} {dtype} out={out_on}"
     if "gemv_4bit" not in calls:
+        assert m == 1 and k % 32 == 0, f"{what}: a call bitsandbytes' kernel gets wrong was left to it"
         assert same(y0, y1), what
         return
-    wd = _dequantized_as(p, qs, torch.bfloat16)
+    wd = _dequantized_as(p, qs, dtype)
     ref = x.double() @ wd.double().T
     yardstick = _rel(torch.nn.functional.linear(x, wd), ref)
+    assert y1.shape == (m, n) and torch.isfinite(y1).all(), what
     assert _rel(y1, ref) <= 2 * yardstick + 2.0 ** -12, (what, _rel(y1, ref), _rel(y0, ref), yardstick)
 
 
@@ -224,5 +239,5 @@ def test_random_calls_through_bitsandbytes(seed):
         if len(qs.shape) != 2:
             continue
         _check_matmul(p, qs, _matmul_case(rng, qs.shape[1]), seed * 100 + i)
-        if qs.quant_type == "nf4" and rng.random() < 0.3:
-            _check_gemv(p, qs, seed * 100 + i)
+        if qs.quant_type == "nf4" and rng.random() < 0.4:
+            _check_gemv(p, qs, rng, seed * 100 + i)
