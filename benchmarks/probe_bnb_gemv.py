@@ -23,3 +23,13 @@ for k in (43, 44, 46, 48, 63, 64, 96, 100, 128, 130, 192, 200, 1000, 1024, 4000,
             rel = lambda t: ((t.double() - ref).norm() / ref.norm()).item()
             print(f"{k:5d} {bs:5d} {nested!s:>6} {rel(y):10.2e} {rel(torch.nn.functional.linear(x, wd)):10.2e} "
                   f"{'same' if torch.equal(y, y2) else 'DIFF':>7}")
+
+print("x of several rows (K = 4096, blocksize 64): relative error of each row")
+for m in (2, 3):
+    k, n = 4096, 512
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    p, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=False, quant_type="nf4")
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = x.double() @ F.dequantize_4bit(p, qs).double().T
+    y = F.gemv_4bit(x, p.t(), state=qs)
+    print(f"M = {m}:", " ".join(f"{((y[r].double() - ref[r]).norm() / ref[r].norm()).item():.2e}" for r in range(m)))
