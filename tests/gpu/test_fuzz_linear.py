@@ -128,3 +128,48 @@ def test_random_offsets_of_every_tensor(seed):
         assert err <= 2 * yardstick + 2.0 ** -12, (what, err, yardstick)
         assert torch.equal(fastnf4.linear(x, q, bias), torch.ops.fastnf4.linear(x, *linear_args(q, bias))), what
         assert torch.equal(fastnf4.dequantize(q, dtype), wd), what  # (the dequantize kernel on the views too)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_chains_in_one_cuda_graph(seed):
+    """Random chains of 2-5 layers (each layer's input the previous layer's output, as in a model; any shapes and
+    blocksizes, M 1-300, bias or none, one dtype per chain) captured in one CUDA graph after an eager run: every
+    replay on fresh x gives the eager chain's bits on the same x. Launches of one graph share the split-K counters,
+    partial sums and prepared plans of every weight in it; a wrong reuse shows as a difference here."""
+    rng = random.Random(4000 + seed)
+    torch.manual_seed(200 + seed)
+    for _ in range(6):
+        dtype = rng.choice([torch.bfloat16, torch.bfloat16, torch.float16])
+        m = rng.choice([1, 1, 2, 3, 4, rng.randrange(5, 33), rng.randrange(33, 300)])
+        dims = [rng.choice([rng.randrange(16, 3000), 64 * rng.randrange(1, 80)]) for _ in range(rng.randrange(3, 7))]
+        layers = []
+        for k, n in zip(dims, dims[1:]):
+            q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5,
+                                 blocksize=rng.choice(BLOCKSIZES), double_quant=rng.random() < 0.6)
+            layers.append((q, torch.randn(n, device="cuda", dtype=dtype) if rng.random() < 0.5 else None))
+        what = (dtype, m, dims, [(q.blocksize, q.nested, b is not None) for q, b in layers])
+
+        def chain(x):
+            for q, bias in layers:
+                x = fastnf4.linear(x, q, bias)
+            return x
+
+        x = torch.randn(m, dims[0], device="cuda", dtype=dtype)
+        chain(x)  # eager first (the plans and split-K state are prepared outside the capture)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            chain(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = chain(x)
+        for _ in range(3):
+            x.copy_(torch.randn_like(x))
+            y.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            expect = chain(x)
+            assert torch.isfinite(expect).all(), what
+            assert torch.equal(y, expect), what
+        del g
