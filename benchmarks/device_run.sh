@@ -13,7 +13,7 @@ for step in "$@"; do
   case $step in
     rcp) timeout 120 python3 benchmarks/rcp_table.py $OUT 2>&1 | tee $OUT/rcp.log ;;
     tune) timeout 240 python3 benchmarks/tune_dequant.py $OUT/tune.json 2>&1 | tee $OUT/tune.log ;;
-    gpu-tests) timeout 240 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -60 | tee $OUT/gpu-tests.log ;;
+    gpu-tests) timeout 420 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -60 | tee $OUT/gpu-tests.log ;;
     bench-dequant) timeout 200 python3 -m fastnf4 bench dequant --json $OUT/h200-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
     tune-matmul) timeout 420 python3 benchmarks/tune_matmul.py $OUT/tune-matmul.json 2>&1 | tee $OUT/tune-matmul.log ;;
     bench-matmul) timeout 400 python3 -m fastnf4 bench matmul --json $OUT/h200-matmul.json 2>&1 | grep -v '%|' | tee $OUT/bench-matmul.log ;;
