@@ -16,6 +16,7 @@ Ops (flat tensors; the Python API in :mod:`fastnf4.api` reshapes):
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Optional
 
 import torch
@@ -150,6 +151,8 @@ def dequantize_4bit_out_impl(
     """The body of ``fastnf4::dequantize_4bit_out`` (see ``dequantize_4bit_impl``)."""
     check_out(out, numel, packed.device)
     check_dequantize_args(packed, absmax, code, blocksize, numel, out.dtype, nested_code, nested_absmax, offset, nested_blocksize)
+    for name, t in (("packed", packed), ("absmax", absmax), ("nested_absmax", nested_absmax), ("offset", offset)):
+        _require(t is None or not _overlap(out, t), ValueError, f"out overlaps the weight's {name} in memory")
     _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize)
 
 
@@ -161,6 +164,14 @@ dequantize_4bit_out = torch.library.custom_op("fastnf4::dequantize_4bit_out", de
 def _(packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize, out):
     check_out(out, numel, packed.device)
     check_dequantize_args(packed, absmax, code, blocksize, numel, out.dtype, nested_code, nested_absmax, offset, nested_blocksize)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes of two tensors (contiguous spans here) share memory."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def check_out(out: torch.Tensor, numel: int, device: torch.device) -> None:
@@ -265,10 +276,10 @@ def _linear_impl(
 ) -> torch.Tensor:
     args = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias)
     check_linear_args(x, *args)
-    x2d = x.reshape(-1, k)
+    x2d = x.reshape(math.prod(x.shape[:-1]), k)  # (not -1: with K = 0 the rows cannot be inferred)
     if x2d.stride(-1) != 1 or x2d.stride(0) != k:
         x2d = x2d.contiguous()
-    if x2d.shape[0] == 0 or n == 0:
+    if x2d.shape[0] == 0 or n == 0 or k == 0:
         y = torch.zeros(x2d.shape[0], n, dtype=x.dtype, device=x.device)
         if bias is not None:
             y += bias

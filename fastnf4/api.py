@@ -17,7 +17,9 @@ def quantize(
 
     NaN and Inf behave as in bitsandbytes: NaN elements are ignored by the block absmax and get code 0
     (-1.0 for NF4); an Inf makes its block's absmax Inf, so every finite element of that block decodes
-    to 0 and the Inf itself to NaN; an all-zero block decodes to -0.0.
+    to NaN (code 0.0 times Inf) and the Inf itself to -Inf (Inf / Inf is NaN: code 0); with double quant
+    the Inf absmax makes the offset (their mean) Inf and every element of the tensor decodes to NaN. An
+    all-zero block decodes to -0.0.
     """
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"quantize takes a torch.Tensor, got {type(w).__name__}")
@@ -79,6 +81,8 @@ def linear(x: torch.Tensor, q: NF4Weight, bias: torch.Tensor | None = None) -> t
         raise ValueError(f"linear needs a 2-D weight [out_features, in_features], got shape {tuple(q.shape)}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
     y = _eager.try_linear(x, q, bias)  # plain eager CUDA decode calls: a launch prepared once per weight
     if y is not None:
         return y

@@ -16,6 +16,7 @@ kernel (sm_90 SASS of libbitsandbytes_cuda130.so, bitsandbytes 0.50.2).
 from __future__ import annotations
 
 import functools
+import weakref
 import struct
 
 import torch
@@ -66,9 +67,29 @@ def is_kernel_code(t: torch.Tensor) -> bool:
                for k, v in _device_cache.items())
 
 
+# the tables code_4bit handed out (fresh tensors), by quant type: NF4Weight's check of its ``code`` skips these
+# (comparing any other table's values reads it back to the host)
+# (by id: a tensor's == is elementwise, so tensors cannot be dictionary keys of their own)
+_HANDED_OUT: dict[int, tuple[weakref.ref, str]] = {}
+
+
 def code_4bit(quant_type: str = "nf4", device: torch.device | str = "cpu") -> torch.Tensor:
     """The 16-entry float32 table of ``quant_type`` on ``device`` (a fresh tensor each call)."""
-    return _on_device(quant_type, lambda: _code_cpu(quant_type), device).clone()
+    t = _on_device(quant_type, lambda: _code_cpu(quant_type), device).clone()
+    if not torch.compiler.is_compiling():  # (a traced tensor has no identity to keep; NF4Weight skips the check there)
+        key = id(t)
+        _HANDED_OUT[key] = (weakref.ref(t, lambda _, key=key: _HANDED_OUT.pop(key, None)), quant_type)
+    return t
+
+
+def is_standard_code(t: torch.Tensor, quant_type: str) -> bool:
+    """Whether ``t`` holds the standard table of ``quant_type`` (the one bitsandbytes' kernels and fastnf4's decode
+    with, whatever a checkpoint's quant_map says). A table ``code_4bit`` handed out counts without a look at its
+    values (unless it was written to since); any other is compared (a device-to-host copy of 64 bytes)."""
+    entry = _HANDED_OUT.get(id(t))
+    if entry is not None and entry[0]() is t and entry[1] == quant_type and t._version == 0:
+        return True
+    return torch.equal(t.detach().cpu(), _code_cpu(quant_type))
 
 
 def _f32(hex_bits: str) -> float:

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, code_4bit
+from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, is_standard_code
 from .ops.matmul.eager import forget as _forget_launches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -130,12 +130,19 @@ class NF4Weight:
             )
         dev = self.packed.device
         _check_tensor(self.code, "code (quant_map)", torch.float32, 16, dev)
+        # (not inside a CUDA-graph capture or a torch.compile trace: no host copy is legal / traceable there)
+        tracing = torch.compiler.is_compiling() or (self.code.is_cuda and torch.cuda.is_current_stream_capturing())
+        if not tracing and not is_standard_code(self.code, self.quant_type):
+            raise ValueError(f"code (quant_map) is not the standard {self.quant_type} table; fastnf4 decodes with the "
+                             "standard table (as bitsandbytes' kernels do), so custom 4-bit tables are not supported")
         parts = (self.nested_absmax, self.nested_code, self.offset)
         if any(p is None for p in parts) and any(p is not None for p in parts):
             raise ValueError("double quantization needs nested_absmax, nested_code and offset together")
         absmax_dtype = torch.uint8 if self.nested else torch.float32
         _check_tensor(self.absmax, "absmax", absmax_dtype, self.nblocks, dev)
         if self.nested:
+            if isinstance(self.nested_blocksize, bool) or not isinstance(self.nested_blocksize, int):
+                raise TypeError(f"nested_blocksize must be an int, got {type(self.nested_blocksize).__name__}")
             if self.nested_blocksize not in BLOCKSIZES:
                 raise ValueError(f"unsupported nested_blocksize {self.nested_blocksize}")
             n2 = -(-self.nblocks // self.nested_blocksize)
@@ -147,7 +154,7 @@ class NF4Weight:
         """Raise unless ``code`` (the stored quant_map) is the standard table of ``quant_type``. Like
         bitsandbytes' CUDA kernels, fastnf4 decodes with the standard table, so a checkpoint with another
         table would otherwise be read silently wrong. Reads 64 bytes back to the host."""
-        if not torch.equal(self.code.cpu(), code_4bit(self.quant_type)):
+        if not is_standard_code(self.code, self.quant_type):
             raise ValueError(f"quant_map is not the standard {self.quant_type} table; custom 4-bit tables are not supported")
         return self
 
@@ -176,6 +183,9 @@ class NF4Weight:
     def from_bnb(cls, packed: torch.Tensor, quant_state: Any) -> "NF4Weight":
         """Wrap bitsandbytes' ``(packed, QuantState)`` without copying any tensor."""
         qs = quant_state
+        missing = [a for a in ("absmax", "code", "blocksize", "shape", "dtype", "quant_type") if not hasattr(qs, a)]
+        if missing:
+            raise TypeError(f"from_bnb needs a bitsandbytes QuantState, got {type(qs).__name__} (no {', '.join(missing)})")
         nested = bool(getattr(qs, "nested", False))
         return cls(
             packed=packed, absmax=qs.absmax, code=qs.code, blocksize=int(qs.blocksize),
@@ -184,7 +194,7 @@ class NF4Weight:
             nested_code=qs.state2.code if nested else None,
             offset=_as_offset(qs.offset, packed.device) if nested else None,
             nested_blocksize=int(qs.state2.blocksize) if nested else NESTED_BLOCKSIZE,
-        ).check_code()
+        )
 
     def to_bnb(self) -> tuple[torch.Tensor, Any]:
         """``(packed, bitsandbytes.functional.QuantState)`` sharing this weight's tensors."""
@@ -245,7 +255,7 @@ class NF4Weight:
         """Read the tensors :meth:`state_dict` (or transformers + bitsandbytes) wrote at ``prefix``."""
         key = f"{prefix}weight"
         if key not in sd:
-            raise KeyError(f"no {key!r} in the state dict")
+            raise MissingKeyError(key)
         qs_keys = [k for k in sd if k.startswith(f"{key}.quant_state.bitsandbytes__")]
         if len(qs_keys) != 1:
             raise ValueError(f"expected exactly one '{key}.quant_state.bitsandbytes__<type>' entry, found {qs_keys}")
@@ -271,16 +281,24 @@ class NF4Weight:
         def get(name: str) -> torch.Tensor:
             full = f"{key}.{name}"
             if full not in sd:
-                raise KeyError(f"no {full!r} in the state dict")
+                raise MissingKeyError(full)
             t = sd[full]
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{full} must be a tensor, got {type(t).__name__}")
             return t if device is None else t.to(device)
 
+        if not isinstance(sd[key], torch.Tensor):
+            raise TypeError(f"{key} must be a tensor, got {type(sd[key]).__name__}")
         packed = sd[key] if device is None else sd[key].to(device)
         nested = f"{key}.nested_absmax" in sd
         offset = None
         if nested:
             if fields.get("nested_dtype", "float32") != "float32":
                 raise ValueError(f"nested_dtype {fields.get('nested_dtype')!r} is not supported (float32 only)")
+            if "nested_offset" not in fields:
+                raise ValueError(f"{qs_keys[0]} lacks the field 'nested_offset' (a double-quantized weight needs it)")
+            if not isinstance(fields["nested_offset"], (int, float)) or isinstance(fields["nested_offset"], bool):
+                raise ValueError(f"nested_offset must be a number, got {fields['nested_offset']!r}")
             offset = torch.tensor(float(fields["nested_offset"]), dtype=torch.float32, device=packed.device)
         return cls(
             packed=packed.contiguous(), absmax=get("absmax").contiguous(), code=get("quant_map").contiguous(),
@@ -288,8 +306,16 @@ class NF4Weight:
             dtype=_dtype_from_name(fields["dtype"], qs_keys[0]), quant_type=quant_type,
             nested_absmax=get("nested_absmax").contiguous() if nested else None,
             nested_code=get("nested_quant_map").contiguous() if nested else None,
-            offset=offset, nested_blocksize=int(fields.get("nested_blocksize", NESTED_BLOCKSIZE)) if nested else NESTED_BLOCKSIZE,
-        ).check_code()
+            offset=offset, nested_blocksize=fields.get("nested_blocksize", NESTED_BLOCKSIZE) if nested else NESTED_BLOCKSIZE,
+        )
+
+
+class MissingKeyError(KeyError):
+    """A tensor of the weight is missing from the state dict (``key``: its full name)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"no {key!r} in the state dict")
+        self.key = key
 
 
 def _as_offset(offset: Any, device: torch.device) -> torch.Tensor:

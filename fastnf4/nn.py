@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 import torch
 
 from .api import linear, quantize
-from .format import NF4Weight
+from .format import MissingKeyError, NF4Weight
 from .ops.matmul.eager import try_linear
 
 
@@ -21,6 +21,11 @@ class Linear4bit(torch.nn.Module):
 
     def __init__(self, weight: NF4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None):
         super().__init__()
+        if not isinstance(weight, NF4Weight):
+            raise TypeError(f"Linear4bit takes an NF4Weight (fastnf4.quantize, NF4Weight.from_bnb / from_state_dict), "
+                            f"got {type(weight).__name__}; Linear4bit.from_linear quantizes an nn.Linear")
+        if bias is not None and not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
         if len(weight.shape) != 2:
             raise ValueError(f"Linear4bit needs a 2-D weight, got shape {tuple(weight.shape)}")
         self.weight_nf4 = weight
@@ -79,18 +84,38 @@ class Linear4bit(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        if f"{prefix}weight" not in state_dict:
-            missing_keys.append(f"{prefix}weight")
+        # as nn.Linear's: a missing tensor is a missing key, a bias the layer does not have an unexpected one, a weight
+        # or bias of another shape a size mismatch (nothing of this layer is changed then)
+        key = f"{prefix}weight"
+        if key not in state_dict:
+            missing_keys.append(key)
             return
-        device = self.weight_nf4.device
-        self.weight_nf4 = NF4Weight.from_state_dict(state_dict, prefix, device=device)
-        self.out_features, self.in_features = self.weight_nf4.shape
+        try:
+            q = NF4Weight.from_state_dict(state_dict, prefix, device=self.weight_nf4.device)
+        except MissingKeyError as e:  # a statistics tensor of this weight
+            missing_keys.append(e.key)
+            return
+        except (ValueError, TypeError) as e:
+            error_msgs.append(f"While loading {key}: {e}")
+            return
+        if tuple(q.shape) != (self.out_features, self.in_features):
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(q.shape)} from checkpoint, "
+                              f"the shape in current model is {(self.out_features, self.in_features)}.")
+            return
+        bias_key = f"{prefix}bias"
+        bias = state_dict.get(bias_key) if self.bias is not None else None
+        if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,)):
+            error_msgs.append(f"size mismatch for {bias_key}: copying a param with shape "
+                              f"{tuple(getattr(bias, 'shape', ()))} from checkpoint, the shape in current model is "
+                              f"{(self.out_features,)}.")
+            return
+        self.weight_nf4 = q
         if self.bias is not None:
-            if f"{prefix}bias" in state_dict:
-                self.bias.data = state_dict[f"{prefix}bias"].to(device=device, dtype=self.bias.dtype)
+            if bias is not None:
+                self.bias.data = bias.to(device=self.bias.device, dtype=self.bias.dtype)
             else:
-                missing_keys.append(f"{prefix}bias")
-        own = set(self.weight_nf4.state_dict(prefix)) | {f"{prefix}bias"}
+                missing_keys.append(bias_key)
+        own = set(q.state_dict(prefix)) | ({bias_key} if self.bias is not None else set())
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in own)
 
 
@@ -101,18 +126,29 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 DEFAULT_SKIP = ("lm_head",)
 
 
+def _tied_linears(model: torch.nn.Module) -> set[str]:
+    """Names of the ``nn.Linear`` layers whose weight is also another module's (an output layer tied to the input
+    embedding): transformers leaves those unquantized, since a 4-bit copy would untie them."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    shared = {n.rpartition(".")[0] for group in names.values() if len(group) > 1 for n in group}
+    return {n for n, m in model.named_modules() if n in shared and type(m) is torch.nn.Linear}
+
+
 def quantize_model(model: torch.nn.Module, skip: Iterable[str] = DEFAULT_SKIP, blocksize: int = 64,
                    double_quant: bool = True, quant_type: str = "nf4", compute_dtype: torch.dtype | None = None,
                    filter_fn: Callable[[str, torch.nn.Linear], bool] | None = None) -> torch.nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`Linear4bit`, except those whose
     name matches ``skip`` (a module name, a name suffix or a regular expression; transformers keeps
-    ``lm_head`` unquantized) or that ``filter_fn(name, module)`` rejects. Each layer is quantized on its
-    own device, one at a time. Returns ``model``."""
-    skip = tuple(skip)
+    ``lm_head`` unquantized) or that ``filter_fn(name, module)`` rejects, and those whose weight is tied to another
+    module's (as transformers does). Each layer is quantized on its own device, one at a time. Returns ``model``."""
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    tied = _tied_linears(model)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if type(child) is not torch.nn.Linear or _matches(full, skip):
+            if type(child) is not torch.nn.Linear or _matches(full, skip) or full in tied:
                 continue
             if filter_fn is not None and not filter_fn(full, child):
                 continue

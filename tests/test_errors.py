@@ -81,3 +81,107 @@ def test_state_dict_problems_are_named():
     bad["weight.quant_map"] = torch.linspace(-1, 1, 16)
     with pytest.raises(ValueError, match="quant_map"):
         NF4Weight.from_state_dict(bad)
+
+
+def _with_json(sd, **changes):
+    """``sd`` with its quant_state JSON changed (None deletes a field)."""
+    key = "weight.quant_state.bitsandbytes__nf4"
+    fields = json.loads(bytes(sd[key].tolist()))
+    for k, v in changes.items():
+        if v is None:
+            fields.pop(k)
+        else:
+            fields[k] = v
+    return {**sd, key: torch.tensor(list(json.dumps(fields).encode()), dtype=torch.uint8)}
+
+
+def test_weight_fields_of_the_wrong_kind_are_named():
+    """(Session 38's audit: each of these got through to a crash deep inside, or to silently wrong numbers.)"""
+    q = fastnf4.quantize(torch.randn(4, 64))
+    # a custom table built into the weight directly: fastnf4 (as bitsandbytes' kernels) would decode with the standard
+    with pytest.raises(ValueError, match="standard nf4 table"):
+        NF4Weight(**good(code=torch.linspace(-1, 1, 16)))
+    code = code_4bit()
+    code[3] = 0.5  # (a handed-out standard table written to: looked at again)
+    with pytest.raises(ValueError, match="standard nf4 table"):
+        NF4Weight(**good(code=code))
+    assert NF4Weight(**good(code=code_4bit().clone())).code.shape == (16,)  # the standard values in another tensor
+    with pytest.raises(TypeError, match="nested_blocksize must be an int"):
+        NF4Weight(**{**good(absmax=q.absmax[:2].clone()), "nested_absmax": q.nested_absmax, "nested_code": q.nested_code,
+                     "offset": q.offset, "nested_blocksize": 64.0})
+    with pytest.raises(TypeError, match="QuantState"):
+        NF4Weight.from_bnb(q.packed, None)
+    sd = q.state_dict()
+    with pytest.raises(TypeError, match="weight must be a tensor"):
+        NF4Weight.from_state_dict({**sd, "weight": [1, 2]})
+    with pytest.raises(TypeError, match="weight.absmax must be a tensor"):
+        NF4Weight.from_state_dict({**sd, "weight.absmax": 3.0})
+    with pytest.raises(ValueError, match="nested_offset"):
+        NF4Weight.from_state_dict(_with_json(sd, nested_offset=None))
+    with pytest.raises(TypeError, match="nested_blocksize must be an int"):
+        NF4Weight.from_state_dict(_with_json(sd, nested_blocksize=256.5))
+
+
+def test_linear_bias_kinds_and_empty_k():
+    q = fastnf4.quantize(torch.randn(8, 64), blocksize=64)
+    with pytest.raises(TypeError, match="bias must be a torch.Tensor"):
+        fastnf4.linear(torch.randn(2, 64), q, [0.0] * 8)
+    q0 = fastnf4.quantize(torch.empty(8, 0))  # K = 0: the product is the bias, as torch's linear gives
+    bias = torch.randn(8)
+    x = torch.randn(3, 0)
+    assert torch.equal(fastnf4.linear(x, q0, bias), torch.nn.functional.linear(x, torch.empty(8, 0), bias))
+    assert torch.equal(fastnf4.linear(x, q0), torch.zeros(3, 8))
+
+
+def test_dequantize_into_memory_of_the_weight_is_refused():
+    n = 4096
+    buf = torch.zeros(n, dtype=torch.bfloat16)
+    q = fastnf4.quantize(torch.randn(n), blocksize=64, double_quant=False)
+    packed = buf.view(torch.uint8)[: n // 2].view(-1, 1)  # the packed bytes inside out's own storage
+    packed.copy_(q.packed)
+    q2 = NF4Weight(packed=packed, absmax=q.absmax, code=q.code, blocksize=64, shape=(n,), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out overlaps the weight's packed"):
+        fastnf4.dequantize(q2, out=buf)
+    absmax = torch.zeros(n // 64 + n // 2, dtype=torch.float32)
+    absmax[: n // 64] = q.absmax
+    q3 = NF4Weight(packed=q.packed, absmax=absmax[: n // 64], code=q.code, blocksize=64, shape=(n,),
+                   dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out overlaps the weight's absmax"):
+        fastnf4.dequantize(q3, out=absmax[n // 64 - 4:].view(torch.bfloat16)[:n])  # its last 4 floats under out
+    storage = torch.zeros(n // 2 + 2 * n, dtype=torch.uint8)  # out right after the packed bytes, not on them: fine
+    storage[: n // 2].copy_(q.packed.view(-1))
+    q4 = NF4Weight(packed=storage[: n // 2].view(-1, 1), absmax=q.absmax, code=q.code, blocksize=64, shape=(n,),
+                   dtype=torch.bfloat16)
+    out = storage[n // 2:].view(torch.bfloat16)
+    assert torch.equal(fastnf4.dequantize(q4, out=out), fastnf4.dequantize(q, torch.bfloat16))
+
+
+def test_linear4bit_construction_and_state_dict_loading_are_checked():
+    from fastnf4.nn import Linear4bit, quantize_model
+
+    with pytest.raises(TypeError, match="takes an NF4Weight"):
+        Linear4bit(torch.randn(8, 64))
+    torch.manual_seed(0)
+    with_bias = Linear4bit.from_linear(torch.nn.Linear(64, 8))
+    no_bias = Linear4bit.from_linear(torch.nn.Linear(64, 8, bias=False))
+    with pytest.raises(RuntimeError, match="Unexpected key.*bias"):  # as nn.Linear: not dropped in silence
+        no_bias.load_state_dict(with_bias.state_dict())
+    other = Linear4bit.from_linear(torch.nn.Linear(32, 16))
+    before = no_bias.weight_nf4
+    with pytest.raises(RuntimeError, match="size mismatch for weight"):
+        no_bias.load_state_dict(other.state_dict(), strict=False)
+    assert no_bias.weight_nf4 is before and (no_bias.out_features, no_bias.in_features) == (8, 64)
+    sd = with_bias.state_dict()
+    with pytest.raises(RuntimeError, match="size mismatch for bias"):
+        with_bias.load_state_dict({**sd, "bias": torch.zeros(5)})
+    result = with_bias.load_state_dict({k: v for k, v in sd.items() if k != "weight.absmax"}, strict=False)
+    assert result.missing_keys == ["weight.absmax"]
+    fresh = Linear4bit.from_linear(torch.nn.Linear(64, 8))
+    fresh.load_state_dict(sd)  # and a good one loads whole
+    x = torch.randn(2, 64)
+    assert torch.equal(fresh(x), with_bias(x))
+    model = torch.nn.Sequential()
+    model.add_module("a", torch.nn.Linear(64, 64))
+    model.add_module("lm_head", torch.nn.Linear(64, 8))
+    quantize_model(model, skip="lm_head")  # a name, not its letters
+    assert isinstance(model.a, Linear4bit) and type(model.lm_head) is torch.nn.Linear

@@ -161,3 +161,76 @@ def test_linear4bit_computes_in_compute_dtype_and_returns_the_input_dtype(rng):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # ... or in autocast's, where it is on (as nn.Linear would)
         y = Linear4bit(q, bias)(x)
     assert y.dtype == torch.float32 and torch.equal(y, fastnf4.linear(x.to(torch.bfloat16), q, bias).float())
+
+
+def _bnb_layers(model):
+    """{module name: True for a bitsandbytes 4-bit layer, False for a plain nn.Linear} of a model transformers loaded."""
+    import bitsandbytes as bnb
+
+    return {n: isinstance(m, bnb.nn.Linear4bit) for n, m in model.named_modules()
+            if isinstance(m, (bnb.nn.Linear4bit, torch.nn.Linear))}
+
+
+def test_partly_quantized_model_saved_in_shards(checkpoint, tmp_path):
+    """One linear left in 16 bits (by its full name in the config: a leaf name would keep every layer of that name out
+    of 4 bits in transformers), the tensors written in shards with an index; read back by fastnf4 with the same logits
+    and by transformers + bitsandbytes with exactly that layer dense. The model itself is left unchanged."""
+    pytest.importorskip("bitsandbytes")
+    dense = "model.layers.0.self_attn.q_proj"
+    q = load_and_quantize(checkpoint[1], device="cpu", skip=("lm_head", dense))
+    save_quantized(q, str(tmp_path / "nf4"), max_shard_bytes=20_000)
+    assert not hasattr(q.config, "quantization_config")
+    files = sorted(os.listdir(tmp_path / "nf4"))
+    assert "model.safetensors.index.json" in files and "model.safetensors" not in files
+    assert sum(f.startswith("model-") for f in files) > 2
+    qc = transformers.AutoConfig.from_pretrained(str(tmp_path / "nf4")).quantization_config
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    assert qc["llm_int8_skip_modules"] == ["lm_head", dense]
+    ids = torch.randint(0, 96, (1, 9))
+    assert torch.equal(logits(load_quantized(str(tmp_path / "nf4"), device="cpu"), ids), logits(q, ids))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "nf4"), dtype=torch.bfloat16)
+    kinds = _bnb_layers(theirs)
+    assert {n for n, is4 in kinds.items() if not is4} == {dense, "lm_head"} and sum(kinds.values()) == 13
+
+
+def test_every_linear_quantized_and_tied_output_layers():
+    """skip=() quantizes lm_head too, and the config says so ([], not None: None means transformers' default list);
+    an output layer tied to the embedding stays dense (as transformers keeps it), so the model stays tied."""
+    q = quantize_model(tiny_llama(), skip=())
+    assert isinstance(q.lm_head, Linear4bit)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(1)
+    tied = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    quantize_model(tied, skip=())
+    assert type(tied.lm_head) is torch.nn.Linear and tied.lm_head.weight is tied.model.embed_tokens.weight
+    assert sum(isinstance(m, Linear4bit) for m in tied.modules()) == 14
+
+
+def test_save_all_linears_and_load_back(checkpoint, tmp_path):
+    q = load_and_quantize(checkpoint[1], device="cpu", skip=())
+    save_quantized(q, str(tmp_path / "nf4"))
+    qc = transformers.AutoConfig.from_pretrained(str(tmp_path / "nf4")).quantization_config
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    assert qc["llm_int8_skip_modules"] == []
+    ids = torch.randint(0, 96, (1, 9))
+    assert torch.equal(logits(load_quantized(str(tmp_path / "nf4"), device="cpu"), ids), logits(q, ids))
+
+
+def test_checkpoint_directories_as_found_in_the_wild(checkpoint, tmp_path):
+    """A repository with another safetensors file beside the transformers one (Mistral's consolidated.safetensors)
+    and a tensor the model has no place for (an older checkpoint's rotary_emb.inv_freq): the loaders read the files
+    transformers reads and skip (with a warning) what the model lacks, as transformers does."""
+    from safetensors.torch import load_file, save_file
+
+    _, path = checkpoint
+    ref = load_and_quantize(path, device="cpu")
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    save_file({"tok_embeddings.weight": torch.zeros(3, 3)}, os.path.join(path, "consolidated.safetensors"))
+    save_file({**sd, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)},
+              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match="rotary_emb.inv_freq") as seen:
+        q = load_and_quantize(path, device="cpu")
+    assert not any("tok_embeddings" in str(w.message) for w in seen)  # consolidated.safetensors was not read
+    ids = torch.randint(0, 96, (1, 9))
+    assert torch.equal(logits(q, ids), logits(ref, ids))

@@ -19,9 +19,12 @@ between GPUs, as for a transformers model loaded with a ``device_map``.
 """
 from __future__ import annotations
 
+import copy
 import glob
+import json
 import os
 import re
+import warnings
 from typing import Iterable, Iterator
 
 import torch
@@ -30,12 +33,29 @@ from safetensors.torch import save_file
 
 from ..api import quantize
 from ..format import NF4Weight
-from ..nn import DEFAULT_SKIP, Linear4bit, _matches
+from ..nn import DEFAULT_SKIP, Linear4bit, _matches, _tied_linears
 
 _QS_KEY = re.compile(r"^(.*)\.weight\.quant_state\.bitsandbytes__(nf4|fp4)$")
 
 
 def _shards(path: str) -> list[str]:
+    """The checkpoint's safetensors files, as transformers picks them: those of ``model.safetensors.index.json``'s
+    weight map, else ``model.safetensors``, else every ``*.safetensors`` file (a repository may hold other files too,
+    e.g. Mistral's ``consolidated.safetensors`` beside the transformers shards)."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index} has no weight_map")
+        files = [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are not there: {missing[:3]}")
+        return files
+    single = os.path.join(path, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no .safetensors files in {path} (fastnf4 reads safetensors only)")
@@ -67,15 +87,27 @@ def _set_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> N
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def _set_tensor(model: torch.nn.Module, key: str, value: torch.Tensor) -> None:
+def _set_tensor(model: torch.nn.Module, key: str, value: torch.Tensor, unexpected: list[str]) -> None:
+    """Put a checkpoint tensor in its place; a key the model has no place for goes to ``unexpected`` (transformers
+    skips those too, e.g. an older checkpoint's ``rotary_emb.inv_freq``; what the model lacks is an error later)."""
     owner, _, attr = key.rpartition(".")
-    mod = model.get_submodule(owner) if owner else model
+    try:
+        mod = model.get_submodule(owner) if owner else model
+    except AttributeError:
+        unexpected.append(key)
+        return
     if attr in mod._parameters:
         mod._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
     elif attr in mod._buffers:
         mod._buffers[attr] = value
     else:
-        raise KeyError(f"the checkpoint has {key!r}, which the model does not")
+        unexpected.append(key)
+
+
+def _warn_unexpected(unexpected: list[str]) -> None:
+    if unexpected:
+        warnings.warn(f"the checkpoint holds {len(unexpected)} tensors the model has no place for, not loaded: "
+                      f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}", stacklevel=3)
 
 
 def _as_device(d) -> torch.device:
@@ -152,7 +184,8 @@ def _owner(key: str) -> str:
 
 
 def _finish(model: torch.nn.Module, plan: dict[str, torch.device]) -> torch.nn.Module:
-    if getattr(model.config, "tie_word_embeddings", False):
+    # (an output layer held in 4 bits cannot share the embedding's tensor: left as the checkpoint has it)
+    if getattr(model.config, "tie_word_embeddings", False) and not isinstance(model.get_output_embeddings(), Linear4bit):
         model.tie_weights()
     left = [n for n, p in model.named_parameters() if p.is_meta]
     if left:
@@ -194,6 +227,7 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
         else:
             plain[key] = t
     four_bit = {p for p, g in groups.items() if any(_QS_KEY.match(k) for k in g)}
+    unexpected: list[str] = []
     for owner, g in groups.items():
         device = _device_of(plan, owner)
         if owner in four_bit:
@@ -202,9 +236,11 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
             _set_module(model, owner, Linear4bit(q, None if bias is None else bias.to(device, dtype), compute_dtype))
         else:
             for key, t in g.items():
-                _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype))
+                _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype), unexpected)
     for key, t in plain.items():
-        _set_tensor(model, key, t.to(_device_of(plan, _owner(key)), dtype if t.is_floating_point() else t.dtype))
+        _set_tensor(model, key, t.to(_device_of(plan, _owner(key)), dtype if t.is_floating_point() else t.dtype),
+                    unexpected)
+    _warn_unexpected(unexpected)
     return _finish(model, plan)
 
 
@@ -216,8 +252,11 @@ def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: tor
     the one ``device_map`` gives its module: module docstring)."""
     model = _skeleton(path, dtype)
     plan = _device_plan(model, device, device_map)
-    linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not _matches(n, tuple(skip))}
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not _matches(n, skip)}
+    linears -= _tied_linears(model)
     biases: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
     for key, t in _tensors(path):
         owner, _, attr = key.rpartition(".")
         device = _device_of(plan, owner)
@@ -233,35 +272,76 @@ def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: tor
             else:
                 biases[owner] = t.to(device, dtype)
         else:
-            _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype))
+            _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype), unexpected)
+    _warn_unexpected(unexpected)
     return _finish(model, plan)
 
 
 def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | None = None) -> None:
     """Write ``model`` (with fastnf4 ``Linear4bit`` layers) as a bnb-4bit checkpoint: safetensors plus a
-    config.json whose ``quantization_config`` transformers + bitsandbytes understand."""
+    config.json whose ``quantization_config`` transformers + bitsandbytes understand. With ``max_shard_bytes``, the
+    tensors go to shards of at most that size (a tensor larger than it gets a shard of its own) named as transformers
+    names them, with a ``model.safetensors.index.json``. The model is not changed."""
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    if not layers:
+        raise ValueError("the model has no fastnf4 Linear4bit layers; quantize it first")
+    if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int)
+                                        or max_shard_bytes <= 0):
+        raise ValueError(f"max_shard_bytes must be a positive int or None, got {max_shard_bytes!r}")
+    settings = {(m.weight_nf4.quant_type, m.weight_nf4.nested) for m in layers}
+    if len(settings) > 1:
+        raise ValueError(f"the layers mix quant types / double quant {sorted(settings)}: a bnb-4bit config.json holds "
+                         "one setting for the whole model")
     os.makedirs(path, exist_ok=True)
-    sd = model.state_dict()
     seen: dict[tuple, str] = {}
     out: dict[str, torch.Tensor] = {}
-    for key, t in sd.items():
+    for key, t in model.state_dict().items():
         ident = (t.device, t.data_ptr(), t.dtype, tuple(t.shape)) if t.numel() else None
         if ident is not None and ident in seen:  # tied weights are stored once, as transformers does
             continue
         if ident is not None:
             seen[ident] = key
         out[key] = t.detach().contiguous().cpu()
-    save_file(out, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
-    if not layers:
-        raise ValueError("the model has no fastnf4 Linear4bit layers; quantize it first")
+    _write_shards(out, path, max_shard_bytes)
     q = layers[0].weight_nf4
-    unquantized = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m) is torch.nn.Linear})
+    # transformers reads the modules left in 16 bits by name (a name matches itself and names ending in it), so the
+    # full names: a leaf name such as "q_proj" would keep every layer of that name out of 4 bits
+    unquantized = sorted(n for n, m in model.named_modules() if type(m) is torch.nn.Linear)
     compute = layers[0].compute_dtype or q.dtype
-    model.config.quantization_config = {
+    config = copy.deepcopy(model.config)
+    config.quantization_config = {
         "quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
         "bnb_4bit_quant_type": q.quant_type, "bnb_4bit_use_double_quant": q.nested,
         "bnb_4bit_compute_dtype": str(compute).removeprefix("torch."), "bnb_4bit_quant_storage": "uint8",
-        "llm_int8_skip_modules": unquantized or None,
+        # ([] when every linear is in 4 bits: None would make transformers keep its default, lm_head, in 16 bits)
+        "llm_int8_skip_modules": unquantized,
     }
-    model.config.save_pretrained(path)
+    config.save_pretrained(path)
+
+
+def _write_shards(tensors: dict[str, torch.Tensor], path: str, max_shard_bytes: int | None) -> None:
+    for old in glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(os.path.join(path, "model.safetensors.index.json")):
+        os.remove(old)  # (a previous save's shards would be read with the new ones)
+    if max_shard_bytes is None:
+        save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+        weight_map.update({key: name for key in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
