@@ -16,7 +16,7 @@ for step in "$@"; do
     gpu-tests) timeout 420 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -60 | tee $OUT/gpu-tests.log ;;
     bench-dequant) timeout 200 python3 -m fastnf4 bench dequant --json $OUT/h200-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
     tune-matmul) timeout 420 python3 benchmarks/tune_matmul.py $OUT/tune-matmul.json 2>&1 | tee $OUT/tune-matmul.log ;;
-    bench-matmul) timeout 400 python3 -m fastnf4 bench matmul --json $OUT/h200-matmul.json 2>&1 | grep -v '%|' | tee $OUT/bench-matmul.log ;;
+    bench-matmul) timeout 560 python3 -m fastnf4 bench matmul --json $OUT/h200-matmul.json 2>&1 | grep -v '%|' | tee $OUT/bench-matmul.log ;;
     bench-paper) timeout 300 python3 -m fastnf4 bench paper --json $OUT/h200-paper.json 2>&1 | grep -v '%|' | tee $OUT/bench-paper.log ;;
     bench-quantize) timeout 150 python3 -m fastnf4 bench quantize --json $OUT/h200-quantize.json 2>&1 | grep -v '%|' | tee $OUT/bench-quantize.log ;;
   esac
