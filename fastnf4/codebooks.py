@@ -36,7 +36,23 @@ _NF4 = (
 _FP4_TWELFTHS = (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
 
 
-@functools.cache
+def _constant(fn):
+    """Cache ``fn``'s table per arguments, plain tensors only: a table first asked for under a FakeTensorMode (a
+    trace, a patched op reached with fake tensors) comes out fake and must not stay for the real calls after it."""
+    cache: dict = {}
+
+    @functools.wraps(fn)
+    def get(*args):
+        if args in cache:
+            return cache[args]
+        t = fn(*args)
+        if type(t) is torch.Tensor:
+            cache[args] = t
+        return t
+    return get
+
+
+@_constant
 def _code_cpu(quant_type: str) -> torch.Tensor:
     if quant_type == "nf4":
         return torch.tensor(_NF4, dtype=torch.float32)
@@ -56,7 +72,10 @@ def _on_device(name: str, make, device) -> torch.Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (name, device)
     if key not in _device_cache:
-        _device_cache[key] = make().to(device)
+        t = make().to(device)
+        if type(t) is not torch.Tensor:  # (made under a FakeTensorMode: not kept, as in _constant)
+            return t
+        _device_cache[key] = t
     return _device_cache[key]
 
 
@@ -108,7 +127,7 @@ FP4_THRESHOLDS = tuple(_f32(h) for h in (
 FP4_MAGNITUDE = (0, 1, 6, 7, 4, 5, 2, 3)
 
 
-@functools.cache
+@_constant
 def _kernel_code_cpu(quant_type: str) -> torch.Tensor:
     code = _code_cpu(quant_type).clone()
     if quant_type == "fp4":
@@ -123,7 +142,7 @@ def kernel_code(quant_type: str, device: torch.device) -> torch.Tensor:
     return _on_device(f"kernel-{quant_type}", lambda: _kernel_code_cpu(quant_type), device)
 
 
-@functools.cache
+@_constant
 def _dynamic_map_cpu() -> torch.Tensor:
     # Signed dynamic map, 8 bits, up to 7 exponent bits: for exponent e = 0..6 the fraction range
     # [0.1, 1] is cut into 2**e intervals whose midpoints are scaled by 10**(e - 6), with both signs;

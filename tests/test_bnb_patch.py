@@ -168,3 +168,52 @@ def test_autopatch_is_on_unless_switched_off(monkeypatch):
     finally:
         fastnf4.unpatch_bitsandbytes()
     assert not integ.is_patched()
+
+
+def test_calls_the_patch_must_leave_to_bitsandbytes(patched, rng):
+    """(Session 38's audit.) Double-quant statistics that are not contiguous, and K = 0, go to bitsandbytes' kernel
+    (they raised in fastnf4's checks / divided by zero); the result is bitsandbytes' own."""
+    p, st = F.quantize_4bit(torch.randn(64, 512, generator=rng), blocksize=64, compress_statistics=True,
+                            quant_type="nf4")
+    st.absmax = torch.stack([st.absmax, st.absmax], 1)[:, 0]  # the same codes, strided
+    x = torch.randn(6, 512, generator=rng)
+    integ.CALLS.clear()
+    got = bnb.matmul_4bit(x, p.t(), quant_state=st)
+    assert integ.CALLS["gemm_4bit"] == 0
+    empty = (torch.randn(6, 0, generator=rng), torch.empty(0, 1, dtype=torch.uint8), [32, 0], torch.empty(0), 64, "nf4")
+    got_empty = torch.ops.bitsandbytes.gemm_4bit(*empty)
+    fastnf4.unpatch_bitsandbytes()
+    assert torch.equal(bits(got), bits(bnb.matmul_4bit(x, p.t(), quant_state=st)))
+    assert torch.equal(got_empty, torch.ops.bitsandbytes.gemm_4bit(*empty))
+    with pytest.raises(ValueError, match="not \\['xpu'\\]"):
+        fastnf4.patch_bitsandbytes(("cpu", "xpu"))
+
+
+def test_a_fake_tensor_trace_leaves_no_fake_tables_behind():
+    """(Session 38's audit.) The first use of a code table under a FakeTensorMode (a patched op reached with fake
+    tensors) used to cache a fake table for good: every real call after it failed. In a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import torch
+import bitsandbytes.functional as F, fastnf4
+from torch._subclasses.fake_tensor import FakeTensorMode
+p, st = F.quantize_4bit(torch.randn(48, 64), blocksize=64, quant_type="nf4")
+fastnf4.patch_bitsandbytes(("cpu",), backend_key=False)
+try:
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.ops.bitsandbytes.dequantize_4bit(p, st.absmax, 64, "nf4", [48, 64], torch.float32)
+except Exception:
+    pass
+fastnf4.unpatch_bitsandbytes()
+fastnf4.patch_bitsandbytes(("cpu",))
+d = F.dequantize_4bit(p, st)
+fastnf4.unpatch_bitsandbytes()
+assert torch.equal(d, F.dequantize_4bit(p, st))
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

@@ -187,8 +187,8 @@ def _quantize_4bit(keyset, A, blocksize, quant_type, quant_storage):
 
 
 def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset) -> bool:
-    if len(shapeB) != 2 or A.dim() == 0 or A.shape[-1] != shapeB[1]:
-        return False
+    if len(shapeB) != 2 or A.dim() == 0 or A.shape[-1] != shapeB[1] or shapeB[1] == 0:
+        return False  # (K = 0: bitsandbytes' own kernel gives the bias)
     n, k = shapeB
     if A.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
@@ -205,6 +205,7 @@ def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit
         and absmax.dtype == torch.float32 and absmax.numel() == -(-nblocks // 256)
         and absmax_code is not None and absmax_code.dtype == torch.float32 and absmax_code.numel() == 256
         and absmax_offset is not None and absmax_offset.dtype == torch.float32 and absmax_offset.numel() == 1
+        and all(t.is_contiguous() and t.device == B.device for t in (absmax_8bit, absmax, absmax_code, absmax_offset))
     )
 
 
@@ -370,6 +371,9 @@ def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",), backend_key: b
     previous patch."""
     import bitsandbytes  # noqa: F401  (defines the ops; inside bitsandbytes' own import this is a no-op)
 
+    unknown = [d for d in device_types if d not in ("cuda", "cpu")]
+    if unknown:  # (before the current patch is removed)
+        raise ValueError(f"patch_bitsandbytes patches the 'cuda' and 'cpu' kernels, not {unknown}")
     unpatch_bitsandbytes()
     lib = torch.library.Library("bitsandbytes", "FRAGMENT")
     taken, originals, keys = [], {}, {}
@@ -417,7 +421,7 @@ def patch_mode() -> dict:
 
 def autopatch() -> None:
     """Entry point bitsandbytes calls at import (group ``bitsandbytes.backends``)."""
-    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "1") == "0":
+    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "1").strip().lower() in ("0", "false", "off", "no"):
         return
     try:
         patch_bitsandbytes(("cuda",))
