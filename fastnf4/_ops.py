@@ -276,6 +276,11 @@ def _linear_impl(
 ) -> torch.Tensor:
     args = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias)
     check_linear_args(x, *args)
+    if torch.is_autocast_enabled(x.device.type):
+        # the output is in x's dtype on every path (as the fake implementation says): the dense matmul of the
+        # dequantize + matmul path would otherwise follow autocast's dtype and the fused kernels not (session 38)
+        with torch.autocast(x.device.type, enabled=False):
+            return _linear_impl(x, *args)
     x2d = x.reshape(math.prod(x.shape[:-1]), k)  # (not -1: with K = 0 the rows cannot be inferred)
     if x2d.stride(-1) != 1 or x2d.stride(0) != k:
         x2d = x2d.contiguous()

@@ -179,3 +179,17 @@ def test_compiled_training_step_through_nf4_layers(rng):
     eager = forward_backward(model, x, g)
     compiled = forward_backward(torch.compile(model, fullgraph=True), x, g)
     assert len(eager) == 3 and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(eager, compiled))
+
+
+@pytest.mark.parametrize("m", [1, 4, 40])
+def test_output_dtype_is_x_dtype_under_autocast(m, rng):
+    """(Session 38's audit.) Under torch.autocast the fused paths kept x's dtype and the dequantize + matmul path
+    took autocast's: the dtype depended on M, and eager disagreed with the fake implementation and compiled code."""
+    q = fastnf4.quantize(torch.randn(48, 64, generator=rng), blocksize=64)
+    x = torch.randn(m, 64, generator=rng)
+    want = fastnf4.linear(x, q)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fastnf4.linear(x, q)
+        op = torch.ops.fastnf4.linear(x, *linear_args(q))
+    assert got.dtype == op.dtype == torch.float32
+    assert torch.equal(got, want) and torch.equal(op, want)

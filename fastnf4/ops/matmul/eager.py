@@ -58,6 +58,8 @@ def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | 
     """``x @ dequant(q).T + bias`` through a cached launch, or ``None`` when this call needs the full path."""
     if not _ops.plain_eager(x) or not x.is_cuda or _ops.wants_grad(x, bias):
         return None
+    if torch.is_autocast_enabled("cuda") and x.dtype != torch.get_autocast_dtype("cuda"):
+        return None  # (the full path keeps x's dtype under autocast; a prepared dense matmul would not)
     if bias is not None and type(bias) is not torch.Tensor and type(bias) is not torch.nn.Parameter:
         return None
     shape = q.shape
