@@ -117,6 +117,9 @@ def test_unsupported_settings_are_refused():
         lora(nf4_model(), use_dora=True)
     with pytest.raises(TypeError, match="LoraConfig"):
         fpeft.register(object())
+    for init in ("pissa", "olora", "orthogonal"):
+        with pytest.raises(ValueError, match=f"init_lora_weights='{init}'"):
+            fpeft.get_peft_model(nf4_model(), peft.LoraConfig(r=4, target_modules=["q", "v"], init_lora_weights=init))
 
 
 @needs_triton

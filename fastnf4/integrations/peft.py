@@ -18,7 +18,8 @@ The layer computes ``linear(x, W_nf4) + B(A(dropout(x))) * scaling``; gradients 
 ``fastnf4.linear``'s backward (the NF4 weight is frozen). Merging adds ``B @ A * scaling`` to the dequantized weight
 and quantizes the sum again with the layer's own settings (blocksize, double quantization, quant type), so, as with
 bitsandbytes' 4-bit layers in PEFT, a merged model differs from the unmerged one by one more round of 4-bit rounding.
-LoRA variants (DoRA and the others) and LoRA biases are refused by PEFT / here with an error naming them.
+LoRA variants (DoRA and the others), LoRA biases and initialisations from the base weight (PiSSA, OLoRA,
+orthogonal, LoftQ, CorDA, EVA) are refused by PEFT / here with an error naming them.
 """
 from __future__ import annotations
 
@@ -50,6 +51,12 @@ def _lora_class():
                      **kwargs) -> None:
             if getattr(config, "lora_bias", False):
                 raise ValueError("LoraLinear4bit does not support lora_bias=True")
+            init = getattr(config, "init_lora_weights", True)
+            if isinstance(init, str) and init.lower() != "gaussian":
+                # PiSSA / OLoRA / orthogonal / LoftQ / CorDA / EVA read the base layer's weight as a dense matrix;
+                # here it is the packed NF4 bytes (they failed with errors naming other things: session 38's audit)
+                raise ValueError(f"LoraLinear4bit does not support init_lora_weights={init!r} (only True, False and "
+                                 "'gaussian': the others start from the base weight as a dense matrix)")
             super().__init__()
             LoraLayer.__init__(self, base_layer)
             self.fan_in_fan_out = False
