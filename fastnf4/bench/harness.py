@@ -59,7 +59,9 @@ def _summary(us: Sequence[float]) -> dict:
     return {"median_us": statistics.median(us), "p20_us": q[1], "p80_us": q[7]}
 
 
-def _capture(calls: Sequence[Callable[[], object]], per_graph: int) -> "torch.cuda.CUDAGraph":
+def capture(calls: Sequence[Callable[[], object]], per_graph: int) -> tuple["torch.cuda.CUDAGraph", object]:
+    """A CUDA graph of ``per_graph`` calls rotating over ``calls`` (warmed up on a side stream first), and what the
+    last captured call returned (its output tensor, which every replay rewrites)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (compilation, allocator) outside the capture
@@ -67,10 +69,11 @@ def _capture(calls: Sequence[Callable[[], object]], per_graph: int) -> "torch.cu
             calls[i % len(calls)]()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    out = None
     with torch.cuda.graph(graph):
         for i in range(per_graph):
-            calls[i % len(calls)]()
-    return graph
+            out = calls[i % len(calls)]()
+    return graph, out
 
 
 def time_graphs(providers: dict[str, Sequence[Callable[[], object]]], per_graph: int = 20, replays: int = 15,
@@ -79,7 +82,7 @@ def time_graphs(providers: dict[str, Sequence[Callable[[], object]]], per_graph:
     graph once, starting at provider r (mod count), so that all of them are timed in the same clock and power
     state. Under sustained GEMM load the H200 lowers its SM clock within a fraction of a second (NOTES.md,
     session 13: 1980 -> 1455 MHz); timed one after the other, a provider that comes later pays that alone."""
-    graphs = {name: _capture(calls, per_graph) for name, calls in providers.items()}
+    graphs = {name: capture(calls, per_graph)[0] for name, calls in providers.items()}
     names = list(graphs)
     for _ in range(warmup):
         for name in names:

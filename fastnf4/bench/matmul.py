@@ -16,7 +16,8 @@ import torch
 import fastnf4
 import fastnf4.ops.matmul.dispatch
 from fastnf4.bench.common import bnb_functional, clone_weight
-from fastnf4.bench.harness import copy_bandwidth, format_table, progress, rotation_count, selected_shapes, time_graphs
+from fastnf4.bench.harness import (capture, copy_bandwidth, format_table, progress, rotation_count, selected_shapes,
+                                    time_graphs)
 from fastnf4.bench.registry import register
 
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048)
@@ -44,14 +45,7 @@ def _poisoned_call(fn, shape):
 def _graph_output(fn):
     """The output of ``fn`` as a captured CUDA graph computes it (the timed form; eager calls may take other launch
     paths, e.g. fastnf4's prepared launches)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = fn()
+    graph, y = capture([fn], 1)
     y.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
