@@ -53,8 +53,9 @@ def _graph_output(fn):
 
 
 def check_providers(provs: dict, x: torch.Tensor, ref: torch.Tensor, yardstick: float, n: int) -> dict:
-    """Each provider's relative error against ``ref`` (float64, on the dequantized weight), its eager output on a
-    poisoned allocation and its graph-captured output bit for bit the same. fastnf4's providers must be within the
+    """Each provider's relative error against ``ref`` (float64, on the dequantized weight): the worse of its eager
+    output (on a poisoned allocation) and its graph-captured output (NaN-filled before the replay), with whether the
+    two are bit for bit the same (``graph_bits_equal_<name>``). fastnf4's providers must be within the
     issue's budget (2x cuBLAS's error on the same weight): ``linear`` failing stops the bench, another fastnf4
     provider failing is left out of the timing (``failed_<name>``). bitsandbytes' error is recorded. cuBLAS on the
     unquantized weight is the baseline (not checked against the dequantized weight). Returns the row's fields."""
@@ -62,15 +63,17 @@ def check_providers(provs: dict, x: torch.Tensor, ref: torch.Tensor, yardstick: 
     for name, fn in provs.items():
         if name == "cublas_bf16":
             continue
-        y = _poisoned_call(lambda: fn(0), (x.shape[0], n))
-        err = rel_err(y, ref) if torch.isfinite(y).all() else float("inf")
-        if not torch.equal(y, _graph_output(lambda: fn(0))):
-            err = float("inf")  # (the timed graph computes something else than the checked call)
+        err = 0.0
+        y_eager = _poisoned_call(lambda: fn(0), (x.shape[0], n))
+        y_graph = _graph_output(lambda: fn(0))  # (the form that is timed)
+        for y in (y_eager, y_graph):
+            err = max(err, rel_err(y, ref) if torch.isfinite(y).all() else float("inf"))
         errs[f"err_{name}"] = err
+        errs[f"graph_bits_equal_{name}"] = torch.equal(y_eager, y_graph)
         if name.startswith("fastnf4") and not err <= 2 * yardstick + 2.0 ** -12:
             if name == "fastnf4":
                 raise RuntimeError(f"bench matmul: fastnf4.linear fails its check (relative error {err:.3g} against "
-                                   f"cuBLAS's {yardstick:.3g}, or its graph output differs from the eager one)")
+                                   f"cuBLAS's {yardstick:.3g}, eager or graph-captured)")
             errs[f"failed_{name}"] = True
     return errs
 
