@@ -25,17 +25,26 @@ def dequant(d):
 
 
 def quantize(d):
+    kernels = all("bnb_kernels_us" in r for r in d["rows"])  # (runs since session 38)
     print(f"`fastnf4 bench quantize` on {d['env']['gpu']} (commit {d['env']['commit']}); NF4, blocksize 64, bf16 and fp16 in; "
-          "stream timing; speedup over bitsandbytes `quantize_4bit`, range over dtype.\n")
+          "stream timing; times are the lower of the two input dtypes, speedups the range over them. bitsandbytes "
+          "`quantize_4bit` as called (its per-call host-to-device table copy included)"
+          + (", and its kernels alone (the GPU-time comparison).\n" if kernels else
+             " only (this run predates the kernels-alone timing).\n"))
     groups = defaultdict(list)
     for r in d["rows"]:
         groups[(r["model"], r["layer"], r["N"], r["K"], r["nested"])].append(r)
-    print("| model | layer | N x K | double quant | fastnf4 us | bitsandbytes us | speedup | exact |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra_head = " bitsandbytes kernels us | speedup over kernels |" if kernels else ""
+    print("| model | layer | N x K | double quant | fastnf4 us | bitsandbytes us | speedup | exact |" + extra_head)
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if kernels else ""))
     for (m, layer, n, k, nested), rs in groups.items():
         s = [r["speedup_vs_bnb"] for r in rs]
+        extra = ""
+        if kernels:
+            sk = [r["speedup_vs_bnb_kernels"] for r in rs]
+            extra = f" {min(r['bnb_kernels_us'] for r in rs):.0f} | {min(sk):.2f}-{max(sk):.2f} |"
         print(f"| {m} | {layer} | {n}x{k} | {'yes' if nested else 'no'} | {min(r['fastnf4_us'] for r in rs):.0f} | "
-              f"{min(r['bnb_us'] for r in rs):.0f} | {min(s):.2f}-{max(s):.2f} | {all(r['exact'] for r in rs)} |")
+              f"{min(r['bnb_us'] for r in rs):.0f} | {min(s):.2f}-{max(s):.2f} | {all(r['exact'] for r in rs)} |" + extra)
 
 
 def matmul(d):
