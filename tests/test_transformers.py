@@ -234,3 +234,33 @@ def test_checkpoint_directories_as_found_in_the_wild(checkpoint, tmp_path):
     assert not any("tok_embeddings" in str(w.message) for w in seen)  # consolidated.safetensors was not read
     ids = torch.randint(0, 96, (1, 9))
     assert torch.equal(logits(q, ids), logits(ref, ids))
+
+
+def _tiny(arch: str):
+    """A tiny random model of another architecture: Qwen2 (biases in q/k/v), Gemma2 (tied embeddings, soft-capping),
+    Phi3 (fused qkv and gate_up projections)."""
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)
+    cfg = {"qwen2": lambda: transformers.Qwen2Config(**common),
+           "gemma2": lambda: transformers.Gemma2Config(**common, head_dim=16),
+           "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=0)}[arch]()
+    torch.manual_seed(3)
+    return transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2", "phi3"])
+def test_other_architectures_round_trip(arch, tmp_path):
+    """Quantized while loading, saved, loaded back: the same logits; every linear but the (possibly tied) output
+    layer in 4 bits, biases kept, tied weights still tied."""
+    model = _tiny(arch)
+    model.save_pretrained(tmp_path / "bf16")
+    q = load_and_quantize(str(tmp_path / "bf16"), device="cpu")
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert sum(isinstance(m, Linear4bit) for m in q.modules()) == n_linear - 1
+    if getattr(model.config, "tie_word_embeddings", False):
+        assert q.lm_head.weight is q.get_input_embeddings().weight
+    if arch == "qwen2":
+        assert q.model.layers[0].self_attn.q_proj.bias is not None
+    save_quantized(q, str(tmp_path / "nf4"))
+    ids = torch.randint(0, 96, (1, 9))
+    assert torch.equal(logits(load_quantized(str(tmp_path / "nf4"), device="cpu"), ids), logits(q, ids))
