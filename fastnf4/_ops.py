@@ -280,7 +280,13 @@ def _linear_impl(
         # the output is in x's dtype on every path (as the fake implementation says): the dense matmul of the
         # dequantize + matmul path would otherwise follow autocast's dtype and the fused kernels not (session 38)
         with torch.autocast(x.device.type, enabled=False):
-            return _linear_impl(x, *args)
+            return _linear_checked(x, *args)
+    return _linear_checked(x, *args)
+
+
+def _linear_checked(x: torch.Tensor, *args) -> torch.Tensor:
+    """``_linear_impl`` after its checks."""
+    packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias = args
     x2d = x.reshape(math.prod(x.shape[:-1]), k)  # (not -1: with K = 0 the rows cannot be inferred)
     if x2d.stride(-1) != 1 or x2d.stride(0) != k:
         x2d = x2d.contiguous()

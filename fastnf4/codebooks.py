@@ -16,8 +16,8 @@ kernel (sm_90 SASS of libbitsandbytes_cuda130.so, bitsandbytes 0.50.2).
 from __future__ import annotations
 
 import functools
-import weakref
 import struct
+import weakref
 
 import torch
 

@@ -278,8 +278,7 @@ class NF4Weight:
         if not isinstance(shape, list) or not all(isinstance(s, int) for s in shape):
             raise ValueError(f"shape must be a list of ints, got {shape!r}")
 
-        def get(name: str) -> torch.Tensor:
-            full = f"{key}.{name}"
+        def get(full: str) -> torch.Tensor:
             if full not in sd:
                 raise MissingKeyError(full)
             t = sd[full]
@@ -287,9 +286,7 @@ class NF4Weight:
                 raise TypeError(f"{full} must be a tensor, got {type(t).__name__}")
             return t if device is None else t.to(device)
 
-        if not isinstance(sd[key], torch.Tensor):
-            raise TypeError(f"{key} must be a tensor, got {type(sd[key]).__name__}")
-        packed = sd[key] if device is None else sd[key].to(device)
+        packed = get(key)
         nested = f"{key}.nested_absmax" in sd
         offset = None
         if nested:
@@ -301,11 +298,12 @@ class NF4Weight:
                 raise ValueError(f"nested_offset must be a number, got {fields['nested_offset']!r}")
             offset = torch.tensor(float(fields["nested_offset"]), dtype=torch.float32, device=packed.device)
         return cls(
-            packed=packed.contiguous(), absmax=get("absmax").contiguous(), code=get("quant_map").contiguous(),
+            packed=packed.contiguous(), absmax=get(f"{key}.absmax").contiguous(),
+            code=get(f"{key}.quant_map").contiguous(),
             blocksize=fields["blocksize"], shape=torch.Size(shape),
             dtype=_dtype_from_name(fields["dtype"], qs_keys[0]), quant_type=quant_type,
-            nested_absmax=get("nested_absmax").contiguous() if nested else None,
-            nested_code=get("nested_quant_map").contiguous() if nested else None,
+            nested_absmax=get(f"{key}.nested_absmax").contiguous() if nested else None,
+            nested_code=get(f"{key}.nested_quant_map").contiguous() if nested else None,
             offset=offset, nested_blocksize=fields.get("nested_blocksize", NESTED_BLOCKSIZE) if nested else NESTED_BLOCKSIZE,
         )
 

@@ -119,7 +119,11 @@ class Linear4bit(torch.nn.Module):
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in own)
 
 
-def _matches(name: str, patterns: Iterable[str]) -> bool:
+def _matches(name: str, patterns: str | Iterable[str]) -> bool:
+    """Whether ``name`` matches one of ``patterns`` (a module name, a name suffix or a regular expression; a single
+    string is one pattern, not its letters)."""
+    if isinstance(patterns, str):
+        patterns = (patterns,)
     return any(name == p or name.endswith("." + p) or re.fullmatch(p, name) for p in patterns)
 
 
@@ -143,7 +147,7 @@ def quantize_model(model: torch.nn.Module, skip: Iterable[str] = DEFAULT_SKIP, b
     name matches ``skip`` (a module name, a name suffix or a regular expression; transformers keeps
     ``lm_head`` unquantized) or that ``filter_fn(name, module)`` rejects, and those whose weight is tied to another
     module's (as transformers does). Each layer is quantized on its own device, one at a time. Returns ``model``."""
-    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    skip = skip if isinstance(skip, str) else tuple(skip)
     tied = _tied_linears(model)
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):

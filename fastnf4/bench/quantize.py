@@ -24,7 +24,7 @@ def same_as_bnb(q: fastnf4.NF4Weight, packed: torch.Tensor, qs) -> bool:
     return bool(ok)
 
 
-def bnb_kernels(F, w: torch.Tensor, blocksize: int, nested: bool, dynamic: torch.Tensor):
+def bnb_kernels(w: torch.Tensor, blocksize: int, nested: bool, dynamic: torch.Tensor):
     """bitsandbytes' quantize as its GPU work alone: the ops ``F.quantize_4bit`` launches, without the Python around
     them (its ``get_4bit_type`` builds the 16-entry table from a list on every call, a host-to-device copy that waits
     for the stream: timed through the public function, bitsandbytes' span holds the host's work too)."""
@@ -55,7 +55,7 @@ def run(opts) -> dict:
             packed, qs = F.quantize_4bit(w, blocksize=opts.blocksize, compress_statistics=nested, quant_type="nf4")
             row["exact"] = same_as_bnb(q, packed, qs)
             dynamic = F.create_dynamic_map().to(w.device)
-            mine = bnb_kernels(F, w, opts.blocksize, nested, dynamic)  # (the same work as the public call: checked)
+            mine = bnb_kernels(w, opts.blocksize, nested, dynamic)  # (the same work as the public call: checked)
             theirs = (packed, qs.absmax) if not nested else (packed, qs.absmax, qs.state2.absmax, qs.offset)
             row["bnb_kernels_same"] = all(torch.equal(a.reshape(-1), b.reshape(-1)) for a, b in zip(mine, theirs))
         # stream timing for both: bitsandbytes' quantize_4bit builds its code table from a Python list on
@@ -71,7 +71,7 @@ def run(opts) -> dict:
             row["bnb_host_us"] = t["host_us"]
             row["speedup_vs_bnb"] = row["bnb_us"] / row["fastnf4_us"]
             if row["bnb_kernels_same"]:
-                t = time_cuda([lambda i=i: bnb_kernels(F, ws[i], opts.blocksize, nested, dynamic) for i in range(reps)])
+                t = time_cuda([lambda i=i: bnb_kernels(ws[i], opts.blocksize, nested, dynamic) for i in range(reps)])
                 row["bnb_kernels_us"] = t["median_us"]
                 row["speedup_vs_bnb_kernels"] = row["bnb_kernels_us"] / row["fastnf4_us"]
         rows.append(row)

@@ -72,6 +72,7 @@ def _fallback(name, keyset, *args):
     return _op(name).redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
 
+_DISPATCH_KEYS = {"cuda": "CUDA", "cpu": "CPU"}  # the device types the patch takes, and their backend keys
 # bitsandbytes' backend modules that register its 4-bit kernels per device, in registration order (a device's own
 # registration wins over the "default" one, as at the dispatcher's backend key over CompositeExplicitAutograd)
 _BACKEND_MODULES = {"cuda": ("bitsandbytes.backends.cuda.ops",),
@@ -279,7 +280,7 @@ def _bnb_gemv_wrong(A, k) -> bool:
     return A.is_cuda and (k % 32 != 0 or A.numel() != k)
 
 
-def _gemv(keyset, A, B, shapeB, absmax, code, blocksize):
+def _gemv(A, B, shapeB, absmax, code, blocksize):
     """The output of a gemv_4bit call fastnf4 takes (prepared launch or the full path), else None: decode sizes its
     CUDA kernels fit, and every call bitsandbytes' own kernel gets wrong."""
     key = _launch_key(A, B, shapeB, blocksize, "gemv", (absmax, code), None)
@@ -307,7 +308,7 @@ def _gemv(keyset, A, B, shapeB, absmax, code, blocksize):
 
 
 def _gemv_4bit(keyset, A, B, shapeB, absmax, code, blocksize):
-    y = _gemv(keyset, A, B, shapeB, absmax, code, blocksize)
+    y = _gemv(A, B, shapeB, absmax, code, blocksize)
     return y if y is not None else _fallback("gemv_4bit", keyset, A, B, shapeB, absmax, code, blocksize)
 
 
@@ -316,7 +317,7 @@ def _gemv_4bit_out(keyset, A, B, shapeB, absmax, code, blocksize, out):
             and tuple(out.shape) == (*A.shape[:-1], shapeB[0])):
         y = None
     else:
-        y = _gemv(keyset, A, B, shapeB, absmax, code, blocksize)
+        y = _gemv(A, B, shapeB, absmax, code, blocksize)
     if y is None:
         return _fallback("gemv_4bit.out", keyset, A, B, shapeB, absmax, code, blocksize, out)
     out.copy_(y)
@@ -371,14 +372,14 @@ def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",), backend_key: b
     previous patch."""
     import bitsandbytes  # noqa: F401  (defines the ops; inside bitsandbytes' own import this is a no-op)
 
-    unknown = [d for d in device_types if d not in ("cuda", "cpu")]
+    unknown = [d for d in device_types if d not in _DISPATCH_KEYS]
     if unknown:  # (before the current patch is removed)
-        raise ValueError(f"patch_bitsandbytes patches the 'cuda' and 'cpu' kernels, not {unknown}")
+        raise ValueError(f"patch_bitsandbytes patches the {sorted(_DISPATCH_KEYS)} kernels, not {unknown}")
     unpatch_bitsandbytes()
     lib = torch.library.Library("bitsandbytes", "FRAGMENT")
     taken, originals, keys = [], {}, {}
     for dev in device_types:
-        backend = {"cuda": "CUDA", "cpu": "CPU"}[dev]
+        backend = _DISPATCH_KEYS[dev]
         captured = dict(_capture_kernels(dev)) if backend_key else {}
         for name, fn in _IMPLS.items():
             if not _has_op(name):

@@ -252,7 +252,7 @@ def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: tor
     the one ``device_map`` gives its module: module docstring)."""
     model = _skeleton(path, dtype)
     plan = _device_plan(model, device, device_map)
-    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    skip = skip if isinstance(skip, str) else tuple(skip)
     linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not _matches(n, skip)}
     linears -= _tied_linears(model)
     biases: dict[str, torch.Tensor] = {}
@@ -322,18 +322,16 @@ def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | Non
 def _write_shards(tensors: dict[str, torch.Tensor], path: str, max_shard_bytes: int | None) -> None:
     for old in glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(os.path.join(path, "model.safetensors.index.json")):
         os.remove(old)  # (a previous save's shards would be read with the new ones)
-    if max_shard_bytes is None:
-        save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-        return
     shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
+    size = total = 0
     for key, t in tensors.items():
         nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
+        if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
             size = 0
         shards[-1][key] = t
         size += nbytes
+        total += nbytes
     if len(shards) == 1:
         save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
         return
@@ -342,6 +340,5 @@ def _write_shards(tensors: dict[str, torch.Tensor], path: str, max_shard_bytes: 
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
         weight_map.update({key: name for key in shard})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
