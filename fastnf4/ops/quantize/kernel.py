@@ -61,6 +61,30 @@ def _nf4_code(xn):
 
 
 @triton.jit
+def _nf4_code_tree(xn):
+    # the same code as _nf4_code by bitsandbytes' own decision tree: with the top bits known, the code lies between
+    # two thresholds, so each level compares with one threshold picked by selects (4 compares + 11 selects against
+    # the count's 15 compares and 15 adds); NaN fails every compare: code 0, as in the count
+    b3 = xn > 0.03979014977812767
+    b2 = xn > tl.where(b3, 0.3893125355243683, -0.33967941999435425)
+    t1 = tl.where(b3, tl.where(b2, 0.6427869200706482, 0.2035212516784668),
+                  tl.where(b2, -0.13791173696517944, -0.6106328964233398))
+    b1 = xn > t1
+    t0 = tl.where(b3, tl.where(b2, tl.where(b1, 0.8614783883094788, 0.5016633868217468),
+                               tl.where(b1, 0.2920137643814087, 0.1202552542090416)),
+                  tl.where(b2, tl.where(b1, -0.045525018125772476, -0.23460739850997925),
+                           tl.where(b1, -0.4599952697753906, -0.8480964303016663)))
+    b0 = xn > t0
+    return (b3.to(tl.int32) << 3) | (b2.to(tl.int32) << 2) | (b1.to(tl.int32) << 1) | b0.to(tl.int32)
+
+
+@triton.jit
+def _mul_ftz(a, b):
+    # a * b with subnormal inputs and result flushed to zero: one mul.ftz.f32, as bitsandbytes' fast-math build
+    return tl.inline_asm_elementwise("mul.ftz.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _fp4_code(xn):
     # thresholds: fastnf4.codebooks.FP4_THRESHOLDS; magnitude bits [0,1,6,7,4,5,2,3][rank] = rank ^ ((rank & 2) << 1)
     a = tl.abs(xn)
@@ -78,19 +102,30 @@ def _fp4_code(xn):
 def quantize_4bit_kernel(
     p_x, p_packed, p_absmax, n, n_bytes, n_blocks,
     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, FP4: tl.constexpr, INT64: tl.constexpr, APPROX_RCP: tl.constexpr,
+    TREE: tl.constexpr = False, MUL_FTZ: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     if INT64:
         pid = pid.to(tl.int64)
     o_blk = pid * ROWS + tl.arange(0, ROWS)
     o_x = o_blk[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
-    b_x = _ftz(tl.load(p_x + o_x, mask=o_x < n, other=0.0).to(tl.float32))  # past the end: 0.0, as bnb
-    b_absmax = _block_absmax(b_x)
+    if MUL_FTZ:
+        # flushing commutes with the max of magnitudes (it is monotone on them), so only the block's absmax is
+        # flushed; the elements are flushed by the multiply itself
+        b_x = tl.load(p_x + o_x, mask=o_x < n, other=0.0).to(tl.float32)  # past the end: 0.0, as bnb
+        b_absmax = _ftz(_block_absmax(b_x))
+        b_r = tl.broadcast_to(_reciprocal(b_absmax, APPROX_RCP)[:, None], (ROWS, BLOCKSIZE))
+        b_xn = _mul_ftz(b_x, b_r)
+    else:
+        b_x = _ftz(tl.load(p_x + o_x, mask=o_x < n, other=0.0).to(tl.float32))  # past the end: 0.0, as bnb
+        b_absmax = _block_absmax(b_x)
+        b_xn = _ftz(b_x * _reciprocal(b_absmax, APPROX_RCP)[:, None])
     tl.store(p_absmax + o_blk, b_absmax, mask=o_blk < n_blocks)
 
-    b_xn = _ftz(b_x * _reciprocal(b_absmax, APPROX_RCP)[:, None])
     if FP4:
         b_code = _fp4_code(b_xn)
+    elif TREE:
+        b_code = _nf4_code_tree(b_xn)
     else:
         b_code = _nf4_code(b_xn)
     b_hi, b_lo = tl.split(tl.reshape(b_code, (ROWS, BLOCKSIZE // 2, 2)))
@@ -152,18 +187,20 @@ def _num_warps(tile: int) -> int:
     return 8 if tile >= 4096 else 4
 
 
-def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems_per_prog=2048):
+def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems_per_prog=2048, tree=False,
+                mul_ftz=False, num_warps=None):
     from ..._triton import interpreter_enabled
 
     n = x.numel()
     rows = _rows(blocksize, elems_per_prog)
     n_blocks = absmax.numel()
     grid = (triton.cdiv(n_blocks, rows),)
+    approx = (not interpreter_enabled()) if approx_rcp is None else approx_rcp
     quantize_4bit_kernel[grid](
         x, packed, absmax, n, packed.numel(), n_blocks,
         BLOCKSIZE=blocksize, ROWS=rows, FP4=(quant_type == "fp4"), INT64=(grid[0] * rows * blocksize >= 2**31),
-        APPROX_RCP=(not interpreter_enabled()) if approx_rcp is None else approx_rcp,
-        num_warps=_num_warps(rows * blocksize),
+        APPROX_RCP=approx, TREE=tree, MUL_FTZ=mul_ftz and approx,  # mul.ftz is PTX: not under the interpreter
+        num_warps=num_warps or _num_warps(rows * blocksize),
     )
 
 
