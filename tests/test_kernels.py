@@ -69,14 +69,16 @@ def test_manual_bf16_rounding_is_nearest_even():
 
 @given(numel=st.integers(1, 4000), blocksize=st.sampled_from(BLOCKSIZES), dtype=st.sampled_from(FLOATS),
        quant_type=st.sampled_from(["nf4", "fp4"]), special=st.booleans(), seed=st.integers(0, 2**31 - 1),
-       tree=st.booleans())
-def test_quantize_kernel_matches_reference(numel, blocksize, dtype, quant_type, special, seed, tree):
+       tree=st.booleans(), large_tile=st.booleans())
+def test_quantize_kernel_matches_reference(numel, blocksize, dtype, quant_type, special, seed, tree, large_tile):
     from fastnf4.ops.quantize import kernel
 
     w = random_weight(numel, dtype, torch.Generator().manual_seed(seed), special=special)
     want_p, want_a = qn.quantize_4bit(w, blocksize, quant_type, reciprocal=RECIPROCAL)
     p, a = poisoned(want_p.shape, torch.uint8), poisoned(want_a.shape, torch.float32)
-    kernel.launch_4bit(w, p, a, blocksize, quant_type, tree=tree)  # NF4 by the threshold count or the tree
+    # NF4 by the threshold count or the tree; the tile of the large weights or of the small ones
+    tile = dict(elems_per_prog=kernel.QUANT_TILE_LARGE[0], num_warps=kernel.QUANT_TILE_LARGE[1]) if large_tile else {}
+    kernel.launch_4bit(w, p, a, blocksize, quant_type, tree=tree, **tile)
     assert torch.equal(p, want_p) and torch.equal(bits(a), bits(want_a))
 
 

@@ -187,12 +187,24 @@ def _num_warps(tile: int) -> int:
     return 8 if tile >= 4096 else 4
 
 
-def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems_per_prog=2048, tree=False,
-                mul_ftz=False, num_warps=None):
+# 4-bit tiles (elements per program, warps), measured on the H200 (benchmarks/probe_quantize.py, NOTES session 39):
+# 64 elements per thread give the compare / select chains the most independent work on the large weights; below
+# ~16M elements that leaves too few programs per SM, and 2048 elements on 8 warps are faster
+QUANT_LARGE_MIN_ELEMS = 16 * 2**20
+QUANT_TILE_LARGE = (8192, 4)
+QUANT_TILE_SMALL = (2048, 8)
+
+
+def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems_per_prog=None, tree=True,
+                mul_ftz=True, num_warps=None):
+    """``tree``: the NF4 code by bitsandbytes' decision tree (else by counting the thresholds below the value; the
+    same codes); ``mul_ftz``: flush and scale the elements in one ``mul.ftz`` (only where the reciprocal is the
+    hardware one, i.e. not under the interpreter). The defaults are the fastest forms; the others stay for probes."""
     from ..._triton import interpreter_enabled
 
     n = x.numel()
-    rows = _rows(blocksize, elems_per_prog)
+    tile, warps = QUANT_TILE_LARGE if n >= QUANT_LARGE_MIN_ELEMS else QUANT_TILE_SMALL
+    rows = _rows(blocksize, elems_per_prog or tile)
     n_blocks = absmax.numel()
     grid = (triton.cdiv(n_blocks, rows),)
     approx = (not interpreter_enabled()) if approx_rcp is None else approx_rcp
@@ -200,7 +212,7 @@ def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems
         x, packed, absmax, n, packed.numel(), n_blocks,
         BLOCKSIZE=blocksize, ROWS=rows, FP4=(quant_type == "fp4"), INT64=(grid[0] * rows * blocksize >= 2**31),
         APPROX_RCP=approx, TREE=tree, MUL_FTZ=mul_ftz and approx,  # mul.ftz is PTX: not under the interpreter
-        num_warps=num_warps or _num_warps(rows * blocksize),
+        num_warps=num_warps or (warps if elems_per_prog is None else _num_warps(rows * blocksize)),
     )
 
 
