@@ -82,8 +82,9 @@ def test_quantize_kernel_matches_reference(numel, blocksize, dtype, quant_type, 
     assert torch.equal(p, want_p) and torch.equal(bits(a), bits(want_a))
 
 
-@given(numel=st.integers(1, 3000), blocksize=st.sampled_from([64, 256, 4096]), seed=st.integers(0, 2**31 - 1))
-def test_quantize_8bit_kernel_matches_reference(numel, blocksize, seed):
+@given(numel=st.integers(1, 3000), blocksize=st.sampled_from([64, 256, 4096]), seed=st.integers(0, 2**31 - 1),
+       select2=st.booleans(), elems_per_prog=st.sampled_from([256, 2048]))
+def test_quantize_8bit_kernel_matches_reference(numel, blocksize, seed, select2, elems_per_prog):
     from fastnf4.ops.quantize import kernel
 
     gen = torch.Generator().manual_seed(seed)
@@ -92,5 +93,5 @@ def test_quantize_8bit_kernel_matches_reference(numel, blocksize, seed):
     offset = x.mean()
     want_q, want_a = qn.quantize_8bit(x, offset, dynamic_map(), blocksize, reciprocal=RECIPROCAL)
     q, a = poisoned(want_q.shape, torch.uint8), poisoned(want_a.shape, torch.float32)
-    kernel.launch_8bit(x, offset, dynamic_map(), q, a, blocksize)
+    kernel.launch_8bit(x, offset, dynamic_map(), q, a, blocksize, select2=select2, elems_per_prog=elems_per_prog)
     assert torch.equal(q, want_q) and torch.equal(bits(a), bits(want_a))

@@ -138,6 +138,7 @@ def quantize_4bit_kernel(
 def quantize_8bit_kernel(
     p_x, p_offset, p_code, p_q, p_absmax, n, n_blocks,
     BLOCKSIZE: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr, APPROX_RCP: tl.constexpr,
+    SELECT2: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     if INT64:
@@ -157,9 +158,32 @@ def quantize_8bit_kernel(
     upper_p = tl.full(b_xn.shape, 255, tl.int32)
     lower = tl.full(b_xn.shape, -1.0, tl.float32)
     upper = tl.full(b_xn.shape, 1.0, tl.float32)
-    val = tl.load(p_code + pivot)
     step = 64
-    for _ in tl.static_range(7):
+    if SELECT2:
+        # the first two steps' pivots are the same for every element (127, then 63 / 191): their code values are
+        # loaded once and picked by selects, which leaves 6 dependent gathers per element of the 8
+        c127 = tl.load(p_code + 127)
+        c63 = tl.load(p_code + 63)
+        c191 = tl.load(p_code + 191)
+        gt = b_xn > c127
+        lower_p = tl.where(gt, 127, lower_p)
+        lower = tl.where(gt, c127, lower)
+        upper_p = tl.where(gt, upper_p, 127)
+        upper = tl.where(gt, upper, c127)
+        pivot = tl.where(gt, 191, 63)
+        val = tl.where(gt, c191, c63)
+        step = 32
+        gt = b_xn > val
+        lower_p = tl.where(gt, pivot, lower_p)
+        lower = tl.where(gt, val, lower)
+        upper_p = tl.where(gt, upper_p, pivot)
+        upper = tl.where(gt, upper, val)
+        pivot = tl.where(gt, pivot + step, pivot - step)
+        val = tl.load(p_code + pivot)
+        step = 16
+    else:
+        val = tl.load(p_code + pivot)
+    for _ in tl.static_range(5 if SELECT2 else 7):
         gt = b_xn > val
         lower_p = tl.where(gt, pivot, lower_p)
         lower = tl.where(gt, val, lower)
@@ -216,15 +240,16 @@ def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems
     )
 
 
-def launch_8bit(x, offset, code, q, absmax, blocksize, approx_rcp=None):
+def launch_8bit(x, offset, code, q, absmax, blocksize, approx_rcp=None, elems_per_prog=2048, select2=False,
+                num_warps=None):
     from ..._triton import interpreter_enabled
 
     n = x.numel()
-    rows = _rows(blocksize)
+    rows = _rows(blocksize, elems_per_prog)
     n_blocks = absmax.numel()
     grid = (triton.cdiv(n_blocks, rows),)
     quantize_8bit_kernel[grid](
         x, offset, code, q, absmax, n, n_blocks,
         BLOCKSIZE=blocksize, ROWS=rows, INT64=(grid[0] * rows * blocksize >= 2**31), APPROX_RCP=(not interpreter_enabled()) if approx_rcp is None else approx_rcp,
-        num_warps=_num_warps(rows * blocksize),
+        SELECT2=select2, num_warps=num_warps or _num_warps(rows * blocksize),
     )
