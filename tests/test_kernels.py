@@ -83,7 +83,7 @@ def test_quantize_kernel_matches_reference(numel, blocksize, dtype, quant_type, 
 
 
 @given(numel=st.integers(1, 3000), blocksize=st.sampled_from([64, 256, 4096]), seed=st.integers(0, 2**31 - 1),
-       select2=st.booleans(), elems_per_prog=st.sampled_from([256, 2048]))
+       select2=st.booleans(), elems_per_prog=st.sampled_from([None, 256, 2048]))
 def test_quantize_8bit_kernel_matches_reference(numel, blocksize, seed, select2, elems_per_prog):
     from fastnf4.ops.quantize import kernel
 

@@ -240,11 +240,22 @@ def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems
     )
 
 
-def launch_8bit(x, offset, code, q, absmax, blocksize, approx_rcp=None, elems_per_prog=2048, select2=False,
+# 8-bit tiles: one block of 256 per program (the search's dependent gathers want many programs in flight), on 4 warps
+# below ~512K elements and on one above (benchmarks/probe_quantize.py --nested-only, NOTES session 39)
+QUANT8_ELEMS = 256
+QUANT8_ONE_WARP_MIN_ELEMS = 2**19
+
+
+def launch_8bit(x, offset, code, q, absmax, blocksize, approx_rcp=None, elems_per_prog=None, select2=True,
                 num_warps=None):
+    """``select2``: the first two search steps by selects of code values loaded once (else by gathers; the same
+    codes). The defaults are the fastest forms; the others stay for probes."""
     from ..._triton import interpreter_enabled
 
     n = x.numel()
+    if elems_per_prog is None:
+        elems_per_prog = QUANT8_ELEMS
+        num_warps = num_warps or (1 if n >= QUANT8_ONE_WARP_MIN_ELEMS else 4)
     rows = _rows(blocksize, elems_per_prog)
     n_blocks = absmax.numel()
     grid = (triton.cdiv(n_blocks, rows),)
