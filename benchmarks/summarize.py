@@ -45,6 +45,12 @@ def quantize(d):
             extra = f" {min(r['bnb_kernels_us'] for r in rs):.0f} | {min(sk):.2f}-{max(sk):.2f} |"
         print(f"| {m} | {layer} | {n}x{k} | {'yes' if nested else 'no'} | {min(r['fastnf4_us'] for r in rs):.0f} | "
               f"{min(r['bnb_us'] for r in rs):.0f} | {min(s):.2f}-{max(s):.2f} | {all(r['exact'] for r in rs)} |" + extra)
+    flags = [(r, k) for r in d["rows"] for k in r if k.endswith("_queued_ahead")]  # (runs since session 40)
+    if flags:
+        late = [f"{r['model']} {r['layer']} {r['dtype']} {'nested' if r['nested'] else 'plain'} "
+                f"{k.removesuffix('_queued_ahead')}" for r, k in flags if not r[k]]
+        print(f"\nStream timings whose calls were not all queued while the GPU slept (host gaps may be inside them): "
+              f"{len(late)} of {len(flags)}" + (f" ({', '.join(late)})" if late else "") + ".")
 
 
 def matmul(d):
