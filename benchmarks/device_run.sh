@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install the carried bitsandbytes wheel, then run the steps named in $@
 # (rcp, tune, gpu-tests, bench-dequant, bench-quantize), each with its own time limit, logs under $OUT.
-# Before the call: git rev-parse --short HEAD > benchmarks/.commit (the device copy has no .git).
+# Results: $OUT/<h100|h200>-<bench>.json. Before the call: git rev-parse --short HEAD > benchmarks/.commit (the device copy has no .git).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 [ -f benchmarks/.commit ] && export FASTNF4_COMMIT=$(cat benchmarks/.commit)
 OUT=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+# result files are named by the card that ran them (the device tool may hand out an H100 when an H200 is asked for)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]\{3\}' | head -1 | tr H h)
+gpu=${gpu:-gpu}
 python3 -c "import torch, triton, bitsandbytes; print(torch.__version__, triton.__version__, bitsandbytes.__version__)"
 for step in "$@"; do
   case $step in
     rcp) timeout 120 python3 benchmarks/rcp_table.py $OUT 2>&1 | tee $OUT/rcp.log ;;
     tune) timeout 240 python3 benchmarks/tune_dequant.py $OUT/tune.json 2>&1 | tee $OUT/tune.log ;;
     gpu-tests) timeout 420 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -60 | tee $OUT/gpu-tests.log ;;
-    bench-dequant) timeout 200 python3 -m fastnf4 bench dequant --json $OUT/h200-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
+    bench-dequant) timeout 200 python3 -m fastnf4 bench dequant --json $OUT/$gpu-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
     tune-matmul) timeout 420 python3 benchmarks/tune_matmul.py $OUT/tune-matmul.json 2>&1 | tee $OUT/tune-matmul.log ;;
-    bench-matmul) timeout 560 python3 -m fastnf4 bench matmul --json $OUT/h200-matmul.json 2>&1 | grep -v '%|' | tee $OUT/bench-matmul.log ;;
-    bench-paper) timeout 300 python3 -m fastnf4 bench paper --json $OUT/h200-paper.json 2>&1 | grep -v '%|' | tee $OUT/bench-paper.log ;;
-    bench-quantize) timeout 150 python3 -m fastnf4 bench quantize --json $OUT/h200-quantize.json 2>&1 | grep -v '%|' | tee $OUT/bench-quantize.log ;;
+    bench-matmul) timeout 560 python3 -m fastnf4 bench matmul --json $OUT/$gpu-matmul.json 2>&1 | grep -v '%|' | tee $OUT/bench-matmul.log ;;
+    bench-paper) timeout 300 python3 -m fastnf4 bench paper --json $OUT/$gpu-paper.json 2>&1 | grep -v '%|' | tee $OUT/bench-paper.log ;;
+    bench-quantize) timeout 150 python3 -m fastnf4 bench quantize --json $OUT/$gpu-quantize.json 2>&1 | grep -v '%|' | tee $OUT/bench-quantize.log ;;
   esac
 done

@@ -7,7 +7,9 @@ Shape contract (flat, contiguous): ``x`` has ``n`` elements; 4-bit writes ``ceil
 Tiling: a program owns ROWS whole quantization blocks ([ROWS, BLOCKSIZE] elements), so the absmax reduction
 stays inside the program. The arithmetic mirrors bitsandbytes' fast-math CUDA kernels (see ``naive.py``):
 flush subnormals, NaN-ignoring max, ``rcp.approx.ftz.f32`` reciprocal (inline PTX on GPUs; an IEEE division
-under the CPU interpreter, which cannot run PTX), multiply, then the decision tree as a count of thresholds.
+under the CPU interpreter, which cannot run PTX), multiply (one ``mul.ftz.f32`` on GPUs), then bitsandbytes'
+decision tree for the NF4 code. A count of the thresholds below the value gives the same code; it stays as the
+second form the tests draw (and the probe times), not the default.
 """
 from __future__ import annotations
 
