@@ -69,6 +69,20 @@ def _tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield key, sf.get_tensor(key)
 
 
+def _key_renamer(model: torch.nn.Module):
+    """transformers' renaming of checkpoint keys for ``model`` (its ``WeightRenaming`` rules, transformers >= 5), as
+    ``from_pretrained`` applies them before matching keys to the model: e.g. GPT-NeoX checkpoints (Pythia) hold the
+    output layer as ``embed_out.*``, which transformers 5 loads into ``lm_head`` (and writes back as ``embed_out.*``).
+    The identity where transformers has no such rules."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, apply_renamings
+    except ImportError:
+        return lambda key: key
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    return lambda key: apply_renamings(key, renamings)
+
+
 def _skeleton(path: str, dtype: torch.dtype):
     import transformers
     from accelerate import init_empty_weights
@@ -219,7 +233,9 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
     plan = _device_plan(model, device, device_map)
     groups: dict[str, dict[str, torch.Tensor]] = {}
     plain: dict[str, torch.Tensor] = {}
+    rename = _key_renamer(model)
     for key, t in _tensors(path):
+        key = rename(key)
         m = re.match(r"^(.*)\.weight(\..*)?$", key)
         owner = m.group(1) if m else None
         if owner is not None and (key.endswith(".weight") or ".weight." in key):
@@ -257,7 +273,9 @@ def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: tor
     linears -= _tied_linears(model)
     biases: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
+    rename = _key_renamer(model)
     for key, t in _tensors(path):
+        key = rename(key)
         owner, _, attr = key.rpartition(".")
         device = _device_of(plan, owner)
         if owner in linears and attr == "weight":
