@@ -76,11 +76,19 @@ def _key_renamer(model: torch.nn.Module):
     The identity where transformers has no such rules."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightRenaming, apply_renamings
+        from transformers.core_model_loading import WeightRenaming
     except ImportError:
         return lambda key: key
     renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
-    return lambda key: apply_renamings(key, renamings)
+
+    def rename(key: str) -> str:
+        # each rule in turn, as transformers' loader does (the per-rule method exists from 5.0 on; the helper that
+        # loops over them only in later 5.x releases, e.g. not in the 5.17 of the lent GPU machine)
+        for r in renamings:
+            key, _ = r.rename_source_key(key)
+        return key
+
+    return rename
 
 
 def _skeleton(path: str, dtype: torch.dtype):
