@@ -62,11 +62,13 @@ def _shards(path: str) -> list[str]:
     return files
 
 
-def _tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors(path: str, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors under the names ``model`` has for them (transformers' key renaming applied)."""
+    rename = _key_renamer(model)
     for f in _shards(path):
         with safe_open(f, framework="pt") as sf:
             for key in sf.keys():
-                yield key, sf.get_tensor(key)
+                yield rename(key), sf.get_tensor(key)
 
 
 def _key_renamer(model: torch.nn.Module):
@@ -82,8 +84,8 @@ def _key_renamer(model: torch.nn.Module):
     renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
 
     def rename(key: str) -> str:
-        # each rule in turn, as transformers' loader does (the per-rule method exists from 5.0 on; the helper that
-        # loops over them only in later 5.x releases, e.g. not in the 5.17 of the lent GPU machine)
+        # each rule in turn, as transformers' loader does (the per-rule method is in 5.17, the lent GPU machine's
+        # version, and in 5.24; the helper that loops over them only in 5.24)
         for r in renamings:
             key, _ = r.rename_source_key(key)
         return key
@@ -241,9 +243,7 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
     plan = _device_plan(model, device, device_map)
     groups: dict[str, dict[str, torch.Tensor]] = {}
     plain: dict[str, torch.Tensor] = {}
-    rename = _key_renamer(model)
-    for key, t in _tensors(path):
-        key = rename(key)
+    for key, t in _tensors(path, model):
         m = re.match(r"^(.*)\.weight(\..*)?$", key)
         owner = m.group(1) if m else None
         if owner is not None and (key.endswith(".weight") or ".weight." in key):
@@ -281,9 +281,7 @@ def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: tor
     linears -= _tied_linears(model)
     biases: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
-    rename = _key_renamer(model)
-    for key, t in _tensors(path):
-        key = rename(key)
+    for key, t in _tensors(path, model):
         owner, _, attr = key.rpartition(".")
         device = _device_of(plan, owner)
         if owner in linears and attr == "weight":
