@@ -15,8 +15,9 @@ then checks against references that do not go through the code under test:
    ``load_and_quantize`` of the dense checkpoint gives the same tensors and bit-identical logits.
 2. ``save_quantized`` then ``load_quantized`` (safetensors): bit-identical tensors and logits, in one file and in
    shards forced by ``max_shard_bytes``; the config lists exactly the dense linears in ``llm_int8_skip_modules``.
-3. Every 4-bit layer read from the saved files by bitsandbytes (``QuantState.from_dict`` + ``dequantize_4bit`` on
-   the CPU) decodes bit for bit to the reference weight.
+3. Every 4-bit layer read from the saved files by bitsandbytes (``QuantState.from_dict``) decodes bit for bit to the
+   reference weight, by bitsandbytes' generic decode and, where bitsandbytes loaded its CPU library, by its public
+   ``dequantize_4bit`` on the CPU.
 
 CPU only (the Triton kernels through the interpreter); tiny sizes and a few tokens to keep the file fast.
 """
@@ -334,7 +335,21 @@ def test_fuzz_transformers(c: Case, tmp_path):
 
     # 3. bitsandbytes reads each saved 4-bit layer back to the reference weight
     F = pytest.importorskip("bitsandbytes.functional")
+    from bitsandbytes.cextension import lib
     from safetensors.torch import load_file
+    # bitsandbytes' public CPU decode runs its native library's CPU kernel. With the CPU build of that library (what a
+    # CPU-only machine loads) it gives the reference bits; the CUDA build's copy of that kernel (loaded wherever a GPU
+    # is) does not: on an H100 machine (0.50.2, session 41) it decoded 14 of the 8192 fp16 values of a [128, 64]
+    # weight, all in the last 256-block, one ulp off its own generic decode and its CUDA kernel (three fp16 cases of
+    # this test). There the public decode is not the oracle; bitsandbytes' generic decode (the same product in float32,
+    # one cast, as its CUDA kernel) is checked everywhere. Its CUDA decode is checked on the GPU
+    # (tests/gpu/test_checkpoints_gpu.py).
+    public_exact = "cuda" not in os.path.basename(str(getattr(lib, "_name", "")))
+    try:
+        from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
+        from bitsandbytes.backends.utils import _get_4bit_code
+    except ImportError:  # (bitsandbytes before 0.48's backend layout)
+        _dequantize_4bit_compute = None
 
     saved: dict[str, torch.Tensor] = {}
     for f in sorted(os.listdir(tmp_path / "shards")):
@@ -352,7 +367,14 @@ def test_fuzz_transformers(c: Case, tmp_path):
             # its generic decode). The same bytes and statistics decoded as one flat row take its flat layout.
             state.shape = torch.Size([math.prod(shape)])
         theirs = F.dequantize_4bit(saved[key], state).view(shape)
-        assert theirs.dtype == c.dtype and torch.equal(bits(theirs), bits(ref_mods[n].weight)), n
+        assert theirs.dtype == c.dtype and theirs.shape == ref_mods[n].weight.shape, n
+        if public_exact:
+            assert torch.equal(bits(theirs), bits(ref_mods[n].weight)), n
+        if _dequantize_4bit_compute is not None:
+            absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset if state.nested else state.absmax
+            generic = _dequantize_4bit_compute(saved[key].view(torch.uint8).reshape(-1), absmax.float(),
+                                               _get_4bit_code("nf4", "cpu"), c.blocksize, shape, c.dtype)
+            assert torch.equal(bits(generic), bits(ref_mods[n].weight)), n
 
 
 def test_gpt_neox_checkpoint_keys_renamed_as_transformers_does(tmp_path):
