@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install the carried bitsandbytes wheel, then run the steps named in $@
-# (rcp, tune, gpu-tests, bench-dequant, bench-quantize), each with its own time limit, logs under $OUT.
+# (rcp, tune, gpu-tests, integration-tests, bench-dequant, bench-quantize, ...), each with its own time limit, logs under $OUT.
 # Results: $OUT/<h100|h200>-<bench>.json. Before the call: git rev-parse --short HEAD > benchmarks/.commit (the device copy has no .git).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -17,6 +17,10 @@ for step in "$@"; do
     rcp) timeout 120 python3 benchmarks/rcp_table.py $OUT 2>&1 | tee $OUT/rcp.log ;;
     tune) timeout 240 python3 benchmarks/tune_dequant.py $OUT/tune.json 2>&1 | tee $OUT/tune.log ;;
     gpu-tests) timeout 420 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -60 | tee $OUT/gpu-tests.log ;;
+    # the CPU tests of the integrations with the GPU machine's transformers and bitsandbytes' CUDA-build library (which
+    # bitsandbytes loads wherever a GPU is; its CPU decode differs there, session 41); -rs lists anything skipped
+    integration-tests) timeout 200 python3 -m pytest -q -rs --tb=short -p no:cacheprovider tests/test_transformers.py \
+      tests/test_fuzz_transformers.py tests/test_bnb_patch.py tests/test_peft.py 2>&1 | tail -30 | tee $OUT/integration-tests.log ;;
     bench-dequant) timeout 200 python3 -m fastnf4 bench dequant --json $OUT/$gpu-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
     tune-matmul) timeout 420 python3 benchmarks/tune_matmul.py $OUT/tune-matmul.json 2>&1 | tee $OUT/tune-matmul.log ;;
     bench-matmul) timeout 560 python3 -m fastnf4 bench matmul --json $OUT/$gpu-matmul.json 2>&1 | grep -v '%|' | tee $OUT/bench-matmul.log ;;
