@@ -21,6 +21,16 @@ for step in "$@"; do
     # bitsandbytes loads wherever a GPU is; its CPU decode differs there, session 41); -rs lists anything skipped
     integration-tests) timeout 200 python3 -m pytest -q -rs --tb=short -p no:cacheprovider tests/test_transformers.py \
       tests/test_fuzz_transformers.py tests/test_bnb_patch.py tests/test_peft.py 2>&1 | tail -30 | tee $OUT/integration-tests.log ;;
+    # two GPUs (kind nvidia-h200-x2): the device-guard tests, then probe_multi_gpu.py's cases (one process each) with
+    # this package and, where carried as .mgpu_old/fastnf4 (git archive 0089436 fastnf4), the package before the guard
+    multi-gpu) timeout 400 python3 -m pytest -q -rs --tb=short -p no:cacheprovider tests/gpu/test_multi_gpu.py 2>&1 \
+      | tail -40 | tee $OUT/multi-gpu-tests.log
+      for pkg in $PWD .mgpu_old; do
+        [ -d $pkg/fastnf4 ] || continue
+        for case in quantize dequantize 1 64 700; do
+          echo "[$pkg] $(PYTHONPATH=/tmp/site:$pkg timeout 240 python3 benchmarks/probe_multi_gpu.py $case 2>&1 | tail -1)"
+        done
+      done 2>&1 | tee $OUT/multi-gpu-probe.log ;;
     bench-dequant) timeout 200 python3 -m fastnf4 bench dequant --json $OUT/$gpu-dequant.json 2>&1 | grep -v '%|' | tee $OUT/bench-dequant.log ;;
     tune-matmul) timeout 420 python3 benchmarks/tune_matmul.py $OUT/tune-matmul.json 2>&1 | tee $OUT/tune-matmul.log ;;
     bench-matmul) timeout 560 python3 -m fastnf4 bench matmul --json $OUT/$gpu-matmul.json 2>&1 | grep -v '%|' | tee $OUT/bench-matmul.log ;;
