@@ -84,7 +84,7 @@ def _check_linear(q1, q0, m, dtype, bias):
     assert y1.device == D1 and _same(y1, y0), (n, k, m)
     y1 = torch.ops.fastnf4.linear(x1, *linear_args(q1, b1))  # the registered op: the full path
     assert _same(y1, y0), (n, k, m)
-    wd = fastnf4.dequantize(q0, dtype=torch.float64)
+    wd = fastnf4.dequantize(q0, dtype=torch.float32).double()  # the weight as bitsandbytes defines it (float32 products)
     ref = x0.double() @ wd.T + (0 if b0 is None else b0.double())
     dense = torch.nn.functional.linear(x0, wd.to(dtype), b0)
     assert rel_err(y1, ref.to(D1)) <= 2 * rel_err(dense, ref) + 1e-7, (n, k, m)
@@ -125,7 +125,8 @@ def test_backward(m):
     g0 = torch.randn(m, 4096, dtype=torch.bfloat16, device=D0)
     grads = []
     for q, dev in ((q0, D0), (q1, D1)):
-        x, b = x0.to(dev).requires_grad_(), b0.to(dev).requires_grad_()
+        # fresh leaves on each device (x0.to(cuda:0) would be x0 itself, and then x0.to(cuda:1) not a leaf)
+        x, b = x0.to(dev, copy=True).requires_grad_(), b0.to(dev, copy=True).requires_grad_()
         fastnf4.linear(x, q, b).backward(g0.to(dev))
         grads.append((x.grad, b.grad))
     assert grads[1][0].device == D1
