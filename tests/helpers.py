@@ -50,7 +50,10 @@ def qlora_recipe(model, peft, fpeft, r):
     """PEFT's QLoRA recipe on a transformers model with fastnf4 layers: prepare_model_for_kbit_training (the other
     parameters upcast to float32), gradient checkpointing (non-reentrant), LoRA of rank ``r`` on "all-linear"."""
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "activation_checkpointing_enable"):  # the newer transformers' name (the old one warns)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return fpeft.get_peft_model(model, peft.LoraConfig(r=r, target_modules="all-linear"))
 
 
