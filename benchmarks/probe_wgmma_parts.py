@@ -2,8 +2,11 @@
 diagnostic variants: -DFASTNF4_WG_NO_DECODE, -DFASTNF4_WG_NO_MMA,
 -DFASTNF4_WG_NO_STATS, -DFASTNF4_WG_WSTAGES=n, -DFASTNF4_WG_XSTAGES=n), against bf16 cuBLAS in the same process.
 -DFASTNF4_WG_FAST_MAX_BM=n (rounded-code decode up to BM n).
---small: M 16 / 32 / 64 on eight weights only; --ms 16,32 keeps those M of --small.
-usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON] [--small] [--ms LIST]"""
+-DFASTNF4_WG_NO_WCOPY / NO_XLOAD / NO_LUT (session 43): no weight copies, x loaded for the first stages only, no
+table lookups (wrong results, time only).
+--small: M 16 / 32 / 64 on eight weights only; --ms 16,32 keeps those M of --small (M > 256: BM 256); --five: five of
+the eight weights (Llama gate_up, down, q+o, Gemma o, gate+up).
+usage: FASTNF4_NVCC_FLAGS=... python benchmarks/probe_wgmma_parts.py LABEL [JSON] [--small] [--ms LIST] [--five]"""
 import json
 import os
 import sys
@@ -20,6 +23,9 @@ SMALL = "--small" in sys.argv
 if SMALL:
     sys.argv.remove("--small")
 MS = (16, 32, 64)
+FIVE = "--five" in sys.argv
+if FIVE:
+    sys.argv.remove("--five")
 if "--ms" in sys.argv:
     at = sys.argv.index("--ms")
     MS = tuple(int(v) for v in sys.argv[at + 1].split(","))
@@ -31,9 +37,11 @@ SHAPES = ((57344, 8192, 16, 16), (5120, 25600, 32, 32), (51200, 5120, 32, 32), (
           (57344, 8192, 512, 256), (57344, 8192, 2048, 256), (8192, 28672, 128, 128),
           (5120, 8192, 128, 128), (57344, 8192, 256, 128), (57344, 8192, 512, 128))
 if SMALL:
-    SHAPES = tuple((n, k, m, m) for m in MS for n, k in (
-        (57344, 8192), (8192, 28672), (8192, 8192), (10240, 5120), (5120, 25600), (8192, 5376), (5376, 4096),
-        (21504, 5376)))
+    weights = ((57344, 8192), (8192, 28672), (8192, 8192), (10240, 5120), (5120, 25600), (8192, 5376), (5376, 4096),
+               (21504, 5376))
+    if FIVE:
+        weights = tuple(weights[i] for i in (0, 1, 2, 6, 7))
+    SHAPES = tuple((n, k, m, wgmma.block_m(m)) for m in MS for n, k in weights)
 for n, k, m, bm in SHAPES:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = fastnf4.quantize(w, blocksize=64, double_quant=True)

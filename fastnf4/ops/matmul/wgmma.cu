@@ -495,7 +495,13 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
 template <typename T>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8, uint32_t sel, uint32_t w, float a) {
   float hi, lo;
+#if defined(FASTNF4_WG_NO_LUT)  // diagnostic: no table lookup (values made from the byte by ALU work; wrong results)
+  const uint32_t b = __byte_perm(w, lane8, sel);
+  hi = __uint_as_float(0x3c000000u | (b << 4));
+  lo = __uint_as_float(0x3c000000u | (b << 12));
+#else
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(hi), "=f"(lo) : "r"(table_s + __byte_perm(w, lane8, sel)));
+#endif
   return Pair<T>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
 }
 
@@ -688,11 +694,13 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     if (u < nsteps) {
       const long long k0 = kstep(u) * kStep;
       const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
+#if !defined(FASTNF4_WG_NO_WCOPY)  // diagnostic: no weight copies (the decode reads stale stages; wrong results)
       if constexpr (C::kTrim) {
         cp_async16(ws + w_dst, w_base + u * w_stride, w_ok ? 16 : 0);
       } else {
         cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
       }
+#endif
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
       if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
@@ -711,6 +719,12 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     const int v = u - kLag;
     if (tid == 0 && v >= 0 && v < nsteps) {
       const uint32_t bar = bars + 8 * (v % kXStages);
+#if defined(FASTNF4_WG_NO_XLOAD)  // diagnostic: x loaded for the first stages only, then the stages reused (wrong results)
+      if (v >= kXStages) {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+        return;
+      }
+#endif
       mbar_expect(bar, C::kXBytes);
       tma_x(x_stage(v), &kp.xmap, static_cast<int>(kstep(v) * kStep), static_cast<int>(m0), bar);
     }
