@@ -591,6 +591,14 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   const Params& p = kp.p;
   constexpr int kAcc = BM / 2, kXStages = C::kXStages;
   constexpr bool kUnroll2 = BM <= kUnroll2MaxBM;
+  // experiment (session 43): a step's wgmma group stays in flight until the next step's group is issued (wait<1>
+  // after each issue instead of wait<0> after the decode): the trimmed exact variants, whose fragment arrays trade
+  // roles, so the decode never writes registers an in-flight group reads
+#if defined(FASTNF4_WG_PIPE)
+  constexpr bool kPipe = C::kTrim && !kFast;
+#else
+  constexpr bool kPipe = false;
+#endif
   // prefetch distances in steps: x is issued kXD steps before its wgmma, the weights and statistics kWD before
   // their decode; copy group u (one per step) carries the weights of step u and the x tile of step u - kLag
   constexpr int kXD = kXStages - 1, kLag = kWStages - kXD;
@@ -878,6 +886,13 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     wgmma_commit();
     fence_acc(acc);
     if constexpr (kFast) fence_acc(part);
+    if constexpr (kPipe) {
+      // step i - 1's group (which read ``nxt``) retired, step i's stays in flight under the copies and the decode
+      // of step i + 1 into ``nxt``
+      wgmma_wait<1>();
+#pragma unroll
+      for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(nxt[r]) : "memory");
+    }
     if (more) {
       // trimmed variants: the ring slots of step i (refilled now with step i + kWStages) and of step i + 1
       const int slot = wslot, slot1 = slot + 1 == kWStages ? 0 : slot + 1;
@@ -910,7 +925,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       }
       decode(i + 1, slot1, nxt, na, nb, j < 0 ? -1 : (j + 1) & 3);  // overlaps step i's wgmma
     }
-    wgmma_wait<0>();
+    if constexpr (!kPipe) wgmma_wait<0>();
     if constexpr (kFast) {
       fence_acc(part);  // the step's product is complete only after the wait
 #pragma unroll
@@ -918,8 +933,10 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     }
     // wgmma reads its A registers asynchronously: keep this step's fragments alive (unchanged) until here, so the
     // next step's decode cannot be given the same registers
+    if constexpr (!kPipe) {
 #pragma unroll
-    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");
+      for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");
+    }
   };
   if constexpr (C::kTrim) {
     // four steps per iteration: i & 3 is a constant in each (x stage, statistics quad place)
@@ -945,6 +962,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       for (int r = 0; r < 16; ++r) fa[r] = fb[r];
     }
   }
+  if constexpr (kPipe) wgmma_wait<0>();
   fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();
