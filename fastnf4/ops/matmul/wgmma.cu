@@ -194,7 +194,16 @@ template <int BM, int BN = kBN> struct Cfg {
 #else
   static constexpr bool kWQ = false;
 #endif
+#if defined(FASTNF4_WG_WQUAD_STATS)  // ... with the statistics quads copied with the weight quads, on their mbarrier
+  static constexpr bool kWQStats = kWQ;
+#else
+  static constexpr bool kWQStats = false;
+#endif
+#if defined(FASTNF4_WG_WQ_STAGES)
+  static constexpr int kWQStages = FASTNF4_WG_WQ_STAGES;
+#else
   static constexpr int kWQStages = 3;
+#endif
   static constexpr int kWQBytes = BN * 128;  // one stage: 128 bytes per row
   static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * Rows<BN>::kQuadBytes + 8 * kXStages +
                                (kWQ ? 1024 + kWQStages * kWQBytes : 0);  // (barriers + alignment, stages)
@@ -727,7 +736,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       }
 #endif
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
-      if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
+      if (s_on && (!quad || (u & 3) == 0) && !(C::kWQStats && quad)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
         const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr) : ws + s_dst;
         if constexpr (kNested) {
@@ -769,6 +778,17 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       const long long b = b0 + 16 * c;
       const int size = w_ok ? static_cast<int>(max(0ll, min(16ll, rowb - b))) : 0;
       cp_async16(dst + 16 * ((4 * wh + c) ^ (wr & 7)), size > 0 ? src + b : p.packed, size);
+    }
+    if (C::kWQStats && quad && s_on) {  // ... and the quad's statistics (its quad slot) on the same mbarrier
+      const long long k0 = kstep(4 * q) * kStep;
+      const long long blk = (s_rowk + k0) >> p.log2_blocksize;
+      const uint32_t sdst = quad_at(4 * q) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr);
+      if constexpr (kNested) {
+        cp_async4(sdst, s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
+                              : aligned_down(static_cast<const uint8_t*>(p.absmax) + blk, 4));
+      } else {
+        cp_async16(sdst, aligned_down(static_cast<const float*>(p.absmax) + blk, 16), 16);
+      }
     }
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(wq_bars + 8 * st) : "memory");
   };
@@ -819,6 +839,9 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   // jq: i & 3 where the caller knows it (trimmed variants), else -1
   auto decode = [&](int i, int slot, uint32_t (&f)[16], float& sa, float& sb, int jq) {
     const uint32_t ws = slot_base(C::kTrim ? slot : i % kWStages);
+    if constexpr (C::kWQ) {  // the quad's weights (and statistics) landed
+      if ((jq >= 0 ? jq : (i & 3)) == 0) mbar_wait(wq_bars + 8 * ((i >> 2) % C::kWQStages), ((i >> 2) / C::kWQStages) & 1);
+    }
 #if defined(FASTNF4_WG_NO_STATS)
     sa = sb = 1.f;
 #else
@@ -837,7 +860,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     uint4 a0, a1, b0, b1;
     if constexpr (C::kWQ) {
       const int jj = jq >= 0 ? jq : (i & 3), q = i >> 2;
-      if (jj == 0) mbar_wait(wq_bars + 8 * (q % C::kWQStages), (q / C::kWQStages) & 1);
       const uint32_t base = wq_s + (q % C::kWQStages) * C::kWQBytes;
       const uint32_t c0 = 16u * ((2 * jj) ^ g), c1 = 16u * ((2 * jj + 1) ^ g);  // (ra & 7 = rb & 7 = g)
       a0 = lds128(base + 128 * ra + c0), a1 = lds128(base + 128 * ra + c1);
