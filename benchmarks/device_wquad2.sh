@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 43: the weight quads with the statistics quads on the same mbarriers (-DFASTNF4_WG_WQUAD_STATS), 3 or 2
 # stages: GPU tests of the wgmma kernel under it, the 17 weights at M = 128 (probe_wgmma_build.py) for each build of
-# benchmarks/variants_s43_wquad2.txt but the last, then the stream skeletons (probe_wgmma_parts.py) of the first and last.
+# benchmarks/variants_s43_wquad2.txt but the last, then the stream skeleton (probe_wgmma_parts.py) of the last.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FASTNF4_CACHE=$PWD/.fcache
 OUT=${OUT:-/tmp/out}
@@ -13,7 +13,7 @@ for f in "${builds[@]:0:3}"; do
   FASTNF4_NVCC_FLAGS="$f" timeout 280 python3 probe_wgmma_build.py "${f:-base}" --m 128 --json $OUT/wquad2-ab.json 2>&1 \
     | grep -v Warning | tail -1
 done
-for f in "" "${builds[3]}"; do
+for f in "${builds[3]}"; do
   echo "== $f"
   FASTNF4_NVCC_FLAGS="$f" timeout 150 python3 probe_wgmma_parts.py wq --small --ms 128 --five 2>&1 | grep -v Warning
 done
