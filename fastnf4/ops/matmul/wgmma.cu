@@ -187,26 +187,7 @@ template <int BM, int BN = kBN> struct Cfg {
   static constexpr int kRing = kXStages * kXBytes;
   static constexpr int kOutRow = (BN + 8) * 2;    // bytes per staged output row (padded: no bank conflicts)
   // alignment slack, table + weights, x ring, nested code, statistics quads, x stage barriers
-  // experiment (session 43, -DFASTNF4_WG_WQUAD): the 192-row build takes its weights in 128-byte row pieces (4 steps)
-  // into kWQStages dense stages of their own, each completed on an mbarrier, instead of 32-byte pieces in the holes
-#if defined(FASTNF4_WG_WQUAD)
-  static constexpr bool kWQ = BN == kWideBN;
-#else
-  static constexpr bool kWQ = false;
-#endif
-#if defined(FASTNF4_WG_WQUAD_STATS)  // ... with the statistics quads copied with the weight quads, on their mbarrier
-  static constexpr bool kWQStats = kWQ;
-#else
-  static constexpr bool kWQStats = false;
-#endif
-#if defined(FASTNF4_WG_WQ_STAGES)
-  static constexpr int kWQStages = FASTNF4_WG_WQ_STAGES;
-#else
-  static constexpr int kWQStages = 3;
-#endif
-  static constexpr int kWQBytes = BN * 128;  // one stage: 128 bytes per row
-  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * Rows<BN>::kQuadBytes + 8 * kXStages +
-                               (kWQ ? 1024 + kWQStages * kWQBytes : 0);  // (barriers + alignment, stages)
+  static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * Rows<BN>::kQuadBytes + 8 * kXStages;
   static_assert(kBlocks * (kSmem + 1024) <= 228 * 1024, "resident blocks fit in shared memory");
   static_assert(BM * kOutRow <= kRing, "the output staging reuses the x ring");
 };
@@ -610,14 +591,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   const Params& p = kp.p;
   constexpr int kAcc = BM / 2, kXStages = C::kXStages;
   constexpr bool kUnroll2 = BM <= kUnroll2MaxBM;
-  // experiment (session 43): a step's wgmma group stays in flight until the next step's group is issued (wait<1>
-  // after each issue instead of wait<0> after the decode): the trimmed exact variants, whose fragment arrays trade
-  // roles, so the decode never writes registers an in-flight group reads
-#if defined(FASTNF4_WG_PIPE)
-  constexpr bool kPipe = C::kTrim && !kFast;
-#else
-  constexpr bool kPipe = false;
-#endif
   // prefetch distances in steps: x is issued kXD steps before its wgmma, the weights and statistics kWD before
   // their decode; copy group u (one per step) carries the weights of step u and the x tile of step u - kLag
   constexpr int kXD = kXStages - 1, kLag = kWStages - kXD;
@@ -629,9 +602,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   float* ncode = reinterpret_cast<float*>(ring + C::kRing);
   const uint32_t quad_s = ring_s + C::kRing + 1024;
   const uint32_t bars = quad_s + C::kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
-  // (kWQ) kWQStages mbarriers (weight quad landed: every thread's copies), then the 1024-aligned weight quad stages
-  const uint32_t wq_bars = bars + 8 * kXStages;
-  const uint32_t wq_s = (wq_bars + 8 * C::kWQStages + 1023u) & ~1023u;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
 #if !defined(FASTNF4_WG_NO_SUM_PDL)
@@ -671,8 +641,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     }
     if (tid == 0) {
       for (int i = 0; i < kXStages; ++i) mbar_init(bars + 8 * i, 1);
-      if constexpr (C::kWQ)
-        for (int i = 0; i < C::kWQStages; ++i) mbar_init(wq_bars + 8 * i, kThreads);
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kp.xmap)) : "memory");
     }
@@ -727,16 +695,14 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       const long long k0 = kstep(u) * kStep;
       const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
 #if !defined(FASTNF4_WG_NO_WCOPY)  // diagnostic: no weight copies (the decode reads stale stages; wrong results)
-      if constexpr (C::kWQ) {
-        // (the weight quads are copied by load_wquad)
-      } else if constexpr (C::kTrim) {
+      if constexpr (C::kTrim) {
         cp_async16(ws + w_dst, w_base + u * w_stride, w_ok ? 16 : 0);
       } else {
         cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
       }
 #endif
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
-      if (s_on && (!quad || (u & 3) == 0) && !(C::kWQStats && quad)) {  // quads: once per 4 steps, for steps u .. u + 3
+      if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
         const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr) : ws + s_dst;
         if constexpr (kNested) {
@@ -762,35 +728,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       mbar_expect(bar, C::kXBytes);
       tma_x(x_stage(v), &kp.xmap, static_cast<int>(kstep(v) * kStep), static_cast<int>(m0), bar);
     }
-  };
-  // (kWQ) weight quad q (local steps 4 q .. 4 q + 3) into stage q % kWQStages: thread tid copies 64 bytes (chunks
-  // 4 wh .. 4 wh + 3) of row wr, chunk c of row r at 128 r + 16 (c ^ (r & 7)) (the decode's 8 rows of a warp read 8
-  // different bank groups); bytes past the row's end are zero-filled; completion on the stage's mbarrier
-  auto load_wquad = [&](int q) {
-    if (4 * q >= nsteps) return;
-    const int st = q % C::kWQStages;
-    const long long b0 = (s_begin + 4 * q) * (kStep / 2) + 64 * wh;  // byte of the row
-    const long long rowb = p.K / 2;
-    const uint8_t* src = w_ok ? p.packed + (n0 + wr) * rowb : p.packed;
-    const uint32_t dst = wq_s + st * C::kWQBytes + 128 * wr;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const long long b = b0 + 16 * c;
-      const int size = w_ok ? static_cast<int>(max(0ll, min(16ll, rowb - b))) : 0;
-      cp_async16(dst + 16 * ((4 * wh + c) ^ (wr & 7)), size > 0 ? src + b : p.packed, size);
-    }
-    if (C::kWQStats && quad && s_on) {  // ... and the quad's statistics (its quad slot) on the same mbarrier
-      const long long k0 = kstep(4 * q) * kStep;
-      const long long blk = (s_rowk + k0) >> p.log2_blocksize;
-      const uint32_t sdst = quad_at(4 * q) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr);
-      if constexpr (kNested) {
-        cp_async4(sdst, s_nab ? static_cast<const void*>(p.nested_absmax + (blk >> 8))
-                              : aligned_down(static_cast<const uint8_t*>(p.absmax) + blk, 4));
-      } else {
-        cp_async16(sdst, aligned_down(static_cast<const float*>(p.absmax) + blk, 16), 16);
-      }
-    }
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(wq_bars + 8 * st) : "memory");
   };
   // x of step i landed (the stage's (i / kXStages)-th use)
   auto wait_x = [&](int i) { mbar_wait(bars + 8 * (i % kXStages), (i / kXStages) & 1); };
@@ -839,9 +776,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   // jq: i & 3 where the caller knows it (trimmed variants), else -1
   auto decode = [&](int i, int slot, uint32_t (&f)[16], float& sa, float& sb, int jq) {
     const uint32_t ws = slot_base(C::kTrim ? slot : i % kWStages);
-    if constexpr (C::kWQ) {  // the quad's weights (and statistics) landed
-      if ((jq >= 0 ? jq : (i & 3)) == 0) mbar_wait(wq_bars + 8 * ((i >> 2) % C::kWQStages), ((i >> 2) / C::kWQStages) & 1);
-    }
 #if defined(FASTNF4_WG_NO_STATS)
     sa = sb = 1.f;
 #else
@@ -857,17 +791,8 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       sb = absmax(ws, qb_off, rb, rkb, i);
     }
 #endif
-    uint4 a0, a1, b0, b1;
-    if constexpr (C::kWQ) {
-      const int jj = jq >= 0 ? jq : (i & 3), q = i >> 2;
-      const uint32_t base = wq_s + (q % C::kWQStages) * C::kWQBytes;
-      const uint32_t c0 = 16u * ((2 * jj) ^ g), c1 = 16u * ((2 * jj + 1) ^ g);  // (ra & 7 = rb & 7 = g)
-      a0 = lds128(base + 128 * ra + c0), a1 = lds128(base + 128 * ra + c1);
-      b0 = lds128(base + 128 * rb + c0), b1 = lds128(base + 128 * rb + c1);
-    } else {
-      a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
-      b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
-    }
+    const uint4 a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
+    const uint4 b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #if defined(FASTNF4_WG_NO_DECODE)  // diagnostic: constant fragments (time without the decode)
@@ -895,8 +820,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   };
 
   // prologue: copy groups 0 .. kWStages - 1 (one commit group each, empty ones past the end)
-  if constexpr (C::kWQ)
-    for (int q = 0; q < C::kWQStages; ++q) load_wquad(q);
 #pragma unroll
   for (int u = 0; u < kWStages; ++u) {
     load_group(u, u);
@@ -955,13 +878,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     wgmma_commit();
     fence_acc(acc);
     if constexpr (kFast) fence_acc(part);
-    if constexpr (kPipe) {
-      // step i - 1's group (which read ``nxt``) retired, step i's stays in flight under the copies and the decode
-      // of step i + 1 into ``nxt``
-      wgmma_wait<1>();
-#pragma unroll
-      for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(nxt[r]) : "memory");
-    }
     if (more) {
       // trimmed variants: the ring slots of step i (refilled now with step i + kWStages) and of step i + 1
       const int slot = wslot, slot1 = slot + 1 == kWStages ? 0 : slot + 1;
@@ -979,9 +895,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
         if ((j & 1) == 0) {
           cp_async_wait<kWStages - 4>();
           __syncthreads();
-          // (kWQ) every thread has decoded up to step i: the stage of quad i / 4 - 1 takes quad i / 4 + 2
-          if constexpr (C::kWQ)
-            if (j == 0 && i > 0) load_wquad((i >> 2) + C::kWQStages - 1);
           if (i > 0) {
             load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1);
             cp_async_commit();
@@ -997,7 +910,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       }
       decode(i + 1, slot1, nxt, na, nb, j < 0 ? -1 : (j + 1) & 3);  // overlaps step i's wgmma
     }
-    if constexpr (!kPipe) wgmma_wait<0>();
+    wgmma_wait<0>();
     if constexpr (kFast) {
       fence_acc(part);  // the step's product is complete only after the wait
 #pragma unroll
@@ -1005,10 +918,8 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     }
     // wgmma reads its A registers asynchronously: keep this step's fragments alive (unchanged) until here, so the
     // next step's decode cannot be given the same registers
-    if constexpr (!kPipe) {
 #pragma unroll
-      for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");
-    }
+    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]) : "memory");
   };
   if constexpr (C::kTrim) {
     // four steps per iteration: i & 3 is a constant in each (x stage, statistics quad place)
@@ -1034,7 +945,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       for (int r = 0; r < 16; ++r) fa[r] = fb[r];
     }
   }
-  if constexpr (kPipe) wgmma_wait<0>();
   fence_acc(acc);
   cp_async_wait<0>();
   __syncthreads();
