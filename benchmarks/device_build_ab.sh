@@ -18,7 +18,7 @@ fi
 for r in $(seq 1 "$rounds"); do
   for f in "${builds[@]}"; do
     label=$f; [ "$f" = BASE ] && f=
-    echo "== round $r: $label"
+    echo "== round $r: $label" | tee -a $OUT/probe.log
     FASTNF4_NVCC_FLAGS="$f" timeout 150 "$@" 2>&1 | grep -v Warning | tee -a $OUT/probe.log
   done
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 43: wgmma.cu with and without -DFASTNF4_WG_PIPE on every model weight of >= 8 MB (probe_wgmma_build.py:
+# Session 43 (the PIPE code is in wgmma.cu at 2d39d81 only; reverted): wgmma.cu with and without -DFASTNF4_WG_PIPE on every model weight of >= 8 MB (probe_wgmma_build.py:
 # error check, then graph timing beside cuBLAS), at M = 512 and 128, builds alternating, ROUNDS rounds; the builds
 # prebuilt into .fcache (benchmarks/build_variants.py benchmarks/variants_s43_pipe.txt). JSON: $OUT/pipe-ab.json.
 set -u

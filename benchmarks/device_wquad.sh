@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 43: the 192-row build with its weights in 128-byte row pieces (-DFASTNF4_WG_WQUAD): GPU tests of the wgmma
+# Session 43 (the WQUAD code is in wgmma.cu at d0e0e04 only; reverted): the 192-row build with its weights in 128-byte row pieces (-DFASTNF4_WG_WQUAD): GPU tests of the wgmma
 # kernel under it, then the 17 weights at M = 128 (probe_wgmma_build.py: error check, graph timing beside cuBLAS), base
 # and WQUAD alternating, 2 rounds; then the weight-stream skeleton of both (probe_wgmma_parts.py). Builds prebuilt into
 # .fcache from benchmarks/variants_s43_wquad.txt.

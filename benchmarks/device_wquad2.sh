@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 43: the weight quads with the statistics quads on the same mbarriers (-DFASTNF4_WG_WQUAD_STATS), 3 or 2
+# Session 43 (this code is in wgmma.cu at 730bfe5 only; reverted): the weight quads with the statistics quads on the same mbarriers (-DFASTNF4_WG_WQUAD_STATS), 3 or 2
 # stages: GPU tests of the wgmma kernel under it, the 17 weights at M = 128 (probe_wgmma_build.py) for each build of
 # benchmarks/variants_s43_wquad2.txt but the last, then the stream skeleton (probe_wgmma_parts.py) of the last.
 set -u

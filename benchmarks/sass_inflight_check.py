@@ -1,5 +1,5 @@
 """SASS check of the wgmma builds with and without -DFASTNF4_WG_PIPE (session 43): HGMMA groups, A-fragment writes while
-a group is in flight (tests/test_matmul.py), and the waits. usage: FASTNF4_CACHE=... python benchmarks/sass_inflight_check.py"""
+a group is in flight (tests/test_matmul.py), and the waits. The PIPE code is in wgmma.cu at 2d39d81 only (reverted). usage: FASTNF4_CACHE=... python benchmarks/sass_inflight_check.py"""
 import glob, subprocess, sys
 sys.path.insert(0, "tests")
 from test_matmul import _cuobjdump, _in_flight_fragment_writes
