@@ -471,6 +471,12 @@ __device__ __forceinline__ void fence_acc(float (&d)[n]) {
   for (int i = 0; i < n; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// a value the compiler must keep in a register (not work out again where it is used)
+__device__ __forceinline__ uint32_t pin32(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 __device__ __forceinline__ const void* aligned_down(const void* p, uintptr_t align) {
   return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) & ~(align - 1));
 }
@@ -688,21 +694,71 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   auto x_stage = [&](int i) { return ring_s + static_cast<uint32_t>((i % kXStages) * C::kXBytes); };
   // the statistics quad slot of step i
   auto quad_at = [&](int i) { return quad_s + static_cast<uint32_t>(((i >> 2) % C::kQuadSlots) * kQuadBytes); };
+#if defined(FASTNF4_WG_RUNPTR)
+  // Experiment (trimmed variants): copy sources as running pointers of the loop's 4-step iteration (base step i0),
+  // so that a copy's source is a pointer plus a constant (rel = u - i0, known where the loop is unrolled) and its
+  // destination a kept register plus a uniform slot offset, instead of the per-copy 64-bit index arithmetic.
+  // Statistics quads with blocksize 64 (quad64 below): the row's block of step u is s_e0 + u.
+  const bool run_q64 = quad && lb == 6;
+  const long long s_e0 = (s_rowk >> 6) + s_begin;
+  const uint8_t* w_it = w_ok ? w_src + s_begin * (kStep / 2) : p.packed;  // + 32 bytes per step
+  const uint8_t* s_it = static_cast<const uint8_t*>(p.absmax) + (kNested ? s_e0 : 4 * s_e0);  // + 1 / 4 bytes per step
+  int i0 = 0;
+  const uint32_t w_dst_abs = pin32(table_s + w_dst);
+  const uint32_t q_dst_abs = pin32(quad_s + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr));
+#endif
   // copy group u (weight ring slot u % kWStages): the weights and statistics of step u and the x tile of step
-  // u - kLag (those that exist)
-  auto load_group = [&](int u, int slot) {
-    if (u < nsteps) {
+  // u - kLag (those that exist); rel = u - i0 (RUNPTR experiment, trimmed variants)
+  // the x tile of step v (thread 0, 0 <= v < nsteps)
+  auto load_x = [&](int v) {
+    const uint32_t bar = bars + 8 * (v % kXStages);
+#if defined(FASTNF4_WG_NO_XLOAD)  // diagnostic: x loaded for the first stages only, then the stages reused (wrong results)
+    if (v >= kXStages) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+      return;
+    }
+#endif
+    mbar_expect(bar, C::kXBytes);
+    tma_x(x_stage(v), &kp.xmap, static_cast<int>(kstep(v) * kStep), static_cast<int>(m0), bar);
+  };
+  // (x_too: with the x tile; checked: u < nsteps not known by the caller)
+  auto load_group = [&](int u, int slot, int rel, bool x_too = true, bool checked = true) {
+    if (!checked || u < nsteps) {
       const long long k0 = kstep(u) * kStep;
       const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
+      bool stats_done = false;  // (RUNPTR: copied below)
+#if defined(FASTNF4_WG_RUNPTR)
+      if constexpr (C::kTrim) {
+#if !defined(FASTNF4_WG_NO_WCOPY)
+        cp_async16(w_dst_abs + static_cast<uint32_t>(slot * kHoles * 256), w_it + rel * (kStep / 2), w_ok ? 16 : 0);
+#endif
+#if !defined(FASTNF4_WG_NO_STATS)
+        if (run_q64) {
+          if ((rel & 3) == 0 && s_on) {
+            const uint32_t dst = q_dst_abs + static_cast<uint32_t>((((i0 + rel) >> 2) & 3) * kQuadBytes);
+            if constexpr (kNested) {
+              cp_async4(dst, s_nab ? static_cast<const void*>(p.nested_absmax + ((s_e0 + i0 + rel) >> 8))
+                                   : static_cast<const void*>(s_it + rel));
+            } else {
+              cp_async16(dst, s_it + 4 * rel, 16);
+            }
+          }
+          stats_done = true;
+        }
+#endif
+      }
+#endif
 #if !defined(FASTNF4_WG_NO_WCOPY)  // diagnostic: no weight copies (the decode reads stale stages; wrong results)
       if constexpr (C::kTrim) {
+#if !defined(FASTNF4_WG_RUNPTR)
         cp_async16(ws + w_dst, w_base + u * w_stride, w_ok ? 16 : 0);
+#endif
       } else {
         cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
       }
 #endif
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
-      if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
+      if (!stats_done && s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
         const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr) : ws + s_dst;
         if constexpr (kNested) {
@@ -717,17 +773,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
 #endif
     }
     const int v = u - kLag;
-    if (tid == 0 && v >= 0 && v < nsteps) {
-      const uint32_t bar = bars + 8 * (v % kXStages);
-#if defined(FASTNF4_WG_NO_XLOAD)  // diagnostic: x loaded for the first stages only, then the stages reused (wrong results)
-      if (v >= kXStages) {
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-        return;
-      }
-#endif
-      mbar_expect(bar, C::kXBytes);
-      tma_x(x_stage(v), &kp.xmap, static_cast<int>(kstep(v) * kStep), static_cast<int>(m0), bar);
-    }
+    if (x_too && tid == 0 && v >= 0 && v < nsteps) load_x(v);
   };
   // x of step i landed (the stage's (i / kXStages)-th use)
   auto wait_x = [&](int i) { mbar_wait(bars + 8 * (i % kXStages), (i / kXStages) & 1); };
@@ -822,7 +868,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   // prologue: copy groups 0 .. kWStages - 1 (one commit group each, empty ones past the end)
 #pragma unroll
   for (int u = 0; u < kWStages; ++u) {
-    load_group(u, u);
+    load_group(u, u, u);
     cp_async_commit();
   }
   cp_async_wait<kWStages - 1>();  // group 0 (the weights of step 0) landed
@@ -895,17 +941,32 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
         if ((j & 1) == 0) {
           cp_async_wait<kWStages - 4>();
           __syncthreads();
+#if defined(FASTNF4_WG_RUNPTR)
+          // both groups and both x tiles exist in the steady state: no per-group bounds checks, one x branch
+          if (i > 0 && i + kWStages < nsteps) {
+            load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1, j + kWStages - 1, false, false);
+            cp_async_commit();
+            load_group(i + kWStages, slot, j + kWStages, false, false);
+            cp_async_commit();
+            if (tid == 0) {
+              load_x(i + kWStages - 1 - kLag);
+              load_x(i + kWStages - kLag);
+            }
+          } else
+#endif
+          {
           if (i > 0) {
-            load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1);
+            load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1, j + kWStages - 1);
             cp_async_commit();
           }
-          load_group(i + kWStages, slot);
+          load_group(i + kWStages, slot, j + kWStages);
           cp_async_commit();
+          }
         }
       } else {
         cp_async_wait<kWStages - 2>();
         __syncthreads();
-        load_group(i + kWStages, slot);
+        load_group(i + kWStages, slot, j + kWStages);
         cp_async_commit();
       }
       decode(i + 1, slot1, nxt, na, nb, j < 0 ? -1 : (j + 1) & 3);  // overlaps step i's wgmma
@@ -929,6 +990,11 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       if (i + 1 < nsteps) step(i + 1, 1, par, i + 2 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
       if (i + 2 < nsteps) step(i + 2, 2, par, i + 3 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
       if (i + 3 < nsteps) step(i + 3, 3, par, i + 4 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
+#if defined(FASTNF4_WG_RUNPTR)
+      i0 += 4;
+      w_it += 4 * (kStep / 2);
+      s_it += kNested ? 4 : 16;
+#endif
     }
   } else if constexpr (kUnroll2) {
     // two steps per iteration, the fragment arrays trading roles instead of being copied
