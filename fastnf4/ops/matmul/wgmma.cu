@@ -819,6 +819,16 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       q[0] = __uint_as_float(v.x), q[1] = __uint_as_float(v.y), q[2] = __uint_as_float(v.z), q[3] = __uint_as_float(v.w);
     }
   };
+#if defined(FASTNF4_WG_QSHFL)
+  // Experiment (nested statistics quads): the 4 lanes of a lane quad share rows ra / rb, so lane t works out only
+  // step t's absmax of the quad for each, and every step takes its pair from lane jq of the quad by a shuffle
+  float qa_own = 0.f, qb_own = 0.f;
+  auto quad_own = [&](int i, int r) -> float {
+    const uint32_t at = quad_at(i) + 4 * r;
+    const uint32_t codes = lds32(at), nab = lds32(at + 4 * kBN);
+    return __fadd_rn(__fmul_rn(ncode[(codes >> (8 * t)) & 255u], __uint_as_float(nab)), offset);
+  };
+#endif
   // jq: i & 3 where the caller knows it (trimmed variants), else -1
   auto decode = [&](int i, int slot, uint32_t (&f)[16], float& sa, float& sb, int jq) {
     const uint32_t ws = slot_base(C::kTrim ? slot : i % kWStages);
@@ -826,12 +836,24 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     sa = sb = 1.f;
 #else
     if (C::kTrim && jq >= 0 && quad64) {
+#if defined(FASTNF4_WG_QSHFL)
+      if constexpr (kNested) {
+        if (jq == 0) {
+          qa_own = quad_own(i, ra);
+          qb_own = quad_own(i, rb);
+        }
+        sa = __shfl_sync(0xffffffffu, qa_own, jq & 3, 4);
+        sb = __shfl_sync(0xffffffffu, qb_own, jq & 3, 4);
+      } else
+#endif
+      {
       if (jq == 0) {
         read_quad(i, ra, qa);
         read_quad(i, rb, qb);
       }
       sa = qa[jq & 3];
       sb = qb[jq & 3];
+      }
     } else {
       sa = absmax(ws, qa_off, ra, rka, i);
       sb = absmax(ws, qb_off, rb, rkb, i);
