@@ -1,0 +1,142 @@
+// Does the decode work of the wgmma kernel run under its tensor-core work on Hopper? (session 44)
+// One block of 3 warpgroups per SM, every block the same loop of `iters` iterations; what each warpgroup does per
+// iteration depends on the mode (benchmarks/probe_overlap.py times each and compares with the parts alone):
+//   mma   4 wgmma m64n128k16 (bf16, A from registers, B a 128 x 64 swizzled tile in shared memory), then wait
+//   dec   the production decode of one K step (wgmma.cu's decode_pair: 4 LDS.128 of packed words, 16 x (PRMT, LDS.64
+//         from the 256-entry pair table, 2 FMUL, F2FP)) into the 16 A registers of the next iteration
+//   alu   the same arithmetic without shared memory (the pair from the byte by two ALU operations, as
+//         FASTNF4_WG_NO_LUT), so lookups and tensor-core operand reads do not share the shared-memory pipe
+// Modes: 0 mma, 1 dec, 2 mma + dec in every warpgroup (the production step: wgmma issued, next decode, wait),
+// 3 alu, 4 mma + alu, 5 warpgroup 0 mma x 3 (12 wgmma per wait), warpgroups 1-2 dec, 6 the same with alu,
+// 7 warpgroup 0 mma x 3 alone, 8 warpgroups 1-2 dec alone, 9 warpgroups 1-2 alu alone. All results are thrown away (timing only); each block ORs its registers into sink.
+#include "../fastnf4/ops/matmul/wgmma.cu"
+
+namespace probe_overlap {
+using namespace fastnf4_wg;
+constexpr int kTable = 256 * 256, kX = 128 * 128, kW = 4096;
+constexpr int kSmem = 1024 + kTable + kX + kW;
+
+// one warpgroup's loop: kMma (kReps groups of 4 wgmma per wait), kDec / kAlu (the next iteration's fragments)
+template <bool kMma, bool kDec, bool kAlu, int kReps>
+__device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid) {
+  const int lane = tid & 31, t = lane & 3;
+  const uint32_t lane8 = 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
+  const uint64_t desc0 = desc_sw128(x_s);
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  uint32_t fa[16], fb[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0x3c003c00u + i + tid;
+  const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
+  auto work = [&](int it, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
+    if constexpr (kMma) {
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int r = 0; r < kReps; ++r) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          Wgmma<__nv_bfloat16, 128>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
+                                         desc0 + static_cast<uint32_t>((32 * s) >> 4));
+      }
+      wgmma_commit();
+    }
+    if constexpr (kDec || kAlu) {
+      const uint32_t wbase = w_s + static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);
+      const uint4 a0 = lds128(wbase), a1 = lds128(wbase + 16), b0 = lds128(wbase ^ 2048), b1 = lds128((wbase ^ 2048) + 16);
+      const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        if constexpr (kDec) {
+          nxt[2 * s] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wa[s], sa);
+          nxt[2 * s + 1] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wb[s], sb);
+        } else {
+          const uint32_t ba = __byte_perm(wa[s], lane8, sel), bb = __byte_perm(wb[s], lane8, sel);
+          nxt[2 * s] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (ba << 4)) * sa,
+                                                 __uint_as_float(0x3c000000u | (ba << 12)) * sa);
+          nxt[2 * s + 1] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (bb << 4)) * sb,
+                                                     __uint_as_float(0x3c000000u | (bb << 12)) * sb);
+        }
+      }
+    }
+    if constexpr (kMma) {
+      wgmma_wait<0>();
+      fence_acc(acc);
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]), "r"(nxt[r]) : "memory");
+  };
+  for (int it = 0; it < iters; it += 2) {
+    work(it, fa, fb);
+    work(it + 1, fb, fa);
+  }
+  uint32_t v = 0;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) v ^= __float_as_uint(acc[i]);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v ^= fa[i];
+  return v;
+}
+
+template <int kMode>
+__global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u, x_s = table_s + kTable, w_s = x_s + kX;
+  // (the warpgroup index through a shuffle: warp-uniform to the compiler, so that its branches are not divergent paths
+  // for the wgmma, as CUTLASS's canonical_warp_group_idx)
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  // table (as the production kernel's: entry v = 16 copies of the float pair), x tile and packed words: arbitrary
+  // nonzero values
+  for (int e = tid; e < 256; e += 384) {
+    const float hi = 0.25f * ((e >> 4) - 7.5f), lo = 0.25f * ((e & 15) - 7.5f);
+    for (int i = 0; i < 8; ++i)
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * e + 16 * i), "f"(hi), "f"(lo));
+  }
+  for (int i = tid; i < (kX + kW) / 4; i += 384)
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(x_s + 4 * i), "r"(0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu)));
+  __syncthreads();
+  uint32_t v = 0;
+  if constexpr (kMode <= 4) {  // every warpgroup the same
+    v = run_loop<kMode == 0 || kMode == 2 || kMode == 4, kMode == 1 || kMode == 2, kMode == 3 || kMode == 4, 1>(
+        iters, table_s, x_s, w_s, tid);
+  } else if (wg == 0) {
+    if constexpr (kMode <= 7) v = run_loop<true, false, false, 3>(iters, table_s, x_s, w_s, tid);
+  } else {
+    if constexpr (kMode == 5 || kMode == 8) v = run_loop<false, true, false, 1>(iters, table_s, x_s, w_s, tid);
+    if constexpr (kMode == 6 || kMode == 9) v = run_loop<false, false, true, 1>(iters, table_s, x_s, w_s, tid);
+  }
+  atomicOr(sink + (blockIdx.x & 1023), v);
+}
+}  // namespace probe_overlap
+
+template <int kMode>
+int launch(int iters, int blocks, void* sink, void* stream) {
+  static bool ready = false;
+  if (!ready) {
+    if (cudaFuncSetAttribute(probe_overlap::overlap<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             probe_overlap::kSmem) != cudaSuccess)
+      return -1;
+    ready = true;
+  }
+  probe_overlap::overlap<kMode><<<blocks, 384, probe_overlap::kSmem, static_cast<cudaStream_t>(stream)>>>(
+      iters, static_cast<uint32_t*>(sink));
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, void* stream) {
+  switch (mode) {
+    case 0: return launch<0>(iters, blocks, sink, stream);
+    case 1: return launch<1>(iters, blocks, sink, stream);
+    case 2: return launch<2>(iters, blocks, sink, stream);
+    case 3: return launch<3>(iters, blocks, sink, stream);
+    case 4: return launch<4>(iters, blocks, sink, stream);
+    case 5: return launch<5>(iters, blocks, sink, stream);
+    case 6: return launch<6>(iters, blocks, sink, stream);
+    case 7: return launch<7>(iters, blocks, sink, stream);
+    case 8: return launch<8>(iters, blocks, sink, stream);
+    case 9: return launch<9>(iters, blocks, sink, stream);
+  }
+  return -2;
+}

@@ -1,0 +1,59 @@
+"""Whether the wgmma kernel's decode overlaps its tensor-core work (benchmarks/probe_overlap.cu, session 44): one block
+of 3 warpgroups per SM runs each mode's loop; the times of the parts alone beside the time of both together, per
+loop iteration (one iteration = the work of one K step of the 192-row wgmma build at BM 128 per warpgroup).
+usage: python benchmarks/probe_overlap.py [OUT.json]"""
+import ctypes
+import json
+import os
+import sys
+
+import torch
+
+from fastnf4 import _cuda
+
+MODES = ["mma", "dec", "mma+dec", "alu", "mma+alu", "wg0 mma x3 | wg1-2 dec", "wg0 mma x3 | wg1-2 alu",
+         "wg0 mma x3 alone", "wg1-2 dec alone", "wg1-2 alu alone"]
+
+
+def main():
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_overlap.cu")
+    lib = ctypes.CDLL(_cuda.compile_source(src, "sm_90a", out_dir="/tmp/probe_overlap"))
+    lib.probe_overlap_run.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.zeros(1024, dtype=torch.int32, device="cuda")
+    iters = 4096
+    res = {}
+    for mode, name in enumerate(MODES):
+        def run():
+            rc = lib.probe_overlap_run(mode, iters, sms, sink.data_ptr(), torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"mode {name}: launch error {rc}")
+        for _ in range(3):
+            run()
+        times = []
+        for _ in range(9):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / iters)  # us per iteration
+        res[name] = sorted(times)[len(times) // 2]
+    torch.cuda.synchronize()
+    print("ns per iteration (median of 9 launches, one block per SM):")
+    for name in MODES:
+        print(f"  {name:26s} {1e3 * res[name]:8.1f}")
+    pairs = [("mma+dec", "mma", "dec"), ("mma+alu", "mma", "alu"),
+             ("wg0 mma x3 | wg1-2 dec", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("wg0 mma x3 | wg1-2 alu", "wg0 mma x3 alone", "wg1-2 alu alone")]
+    for both, x, y in pairs:
+        lo, hi = max(res[x], res[y]), res[x] + res[y]
+        print(f"  {both:26s}: {1e3 * res[both]:7.1f} ns; parts {1e3 * res[x]:.1f} + {1e3 * res[y]:.1f}: "
+              f"overlap {(hi - res[both]) / (hi - lo):.2f} (1 = full, 0 = none)")
+    if len(sys.argv) > 1:
+        json.dump({"device": torch.cuda.get_device_name(0), "ns_per_iteration": {k: 1e3 * v for k, v in res.items()}},
+                  open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
