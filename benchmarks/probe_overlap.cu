@@ -43,8 +43,9 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
       wgmma_commit();
     }
     if constexpr (kDec || kAlu) {
-      const uint32_t wbase = w_s + static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);
-      const uint4 a0 = lds128(wbase), a1 = lds128(wbase + 16), b0 = lds128(wbase ^ 2048), b1 = lds128((wbase ^ 2048) + 16);
+      const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);  // < 4096 - 32
+      const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
+      const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
       const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
       const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
