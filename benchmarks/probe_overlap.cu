@@ -8,7 +8,8 @@
 //         FASTNF4_WG_NO_LUT), so lookups and tensor-core operand reads do not share the shared-memory pipe
 // Modes: 0 mma, 1 dec, 2 mma + dec in every warpgroup (the production step: wgmma issued, next decode, wait),
 // 3 alu, 4 mma + alu, 5 warpgroup 0 mma x 3 (12 wgmma per wait), warpgroups 1-2 dec, 6 the same with alu,
-// 7 warpgroup 0 mma x 3 alone, 8 warpgroups 1-2 dec alone, 9 warpgroups 1-2 alu alone. All results are thrown away (timing only); each block ORs its registers into sink.
+// 7 warpgroup 0 mma x 3 alone, 8 warpgroups 1-2 dec alone, 9 warpgroups 1-2 alu alone, 10 mma + dec with the
+// warpgroups taking turns at the tensor cores (kTurns), 11 mma alone taking turns. All results are thrown away (timing only); each block ORs its registers into sink.
 #include "../fastnf4/ops/matmul/wgmma.cu"
 
 namespace probe_overlap {
@@ -17,8 +18,11 @@ constexpr int kTable = 256 * 256, kX = 128 * 128, kW = 4096;
 constexpr int kSmem = 1024 + kTable + kX + kW;
 
 // one warpgroup's loop: kMma (kReps groups of 4 wgmma per wait), kDec / kAlu (the next iteration's fragments)
-template <bool kMma, bool kDec, bool kAlu, int kReps>
+// kTurns: the warpgroups take turns at the tensor cores (named barrier 1 + w: warpgroup w's turn; it waits for it,
+// issues, waits for its wgmma and hands the turn on, then decodes), so that their wgmma are not interleaved
+template <bool kMma, bool kDec, bool kAlu, int kReps, bool kTurns = false>
 __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid) {
+  const int wg = tid >> 7;
   const int lane = tid & 31, t = lane & 3;
   const uint32_t lane8 = 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const uint64_t desc0 = desc_sw128(x_s);
@@ -30,6 +34,9 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
   for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0x3c003c00u + i + tid;
   const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
   auto work = [&](int it, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
+    if constexpr (kTurns) {
+      if (it > 0 || wg > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+    }
     if constexpr (kMma) {
       fence_acc(acc);
       wgmma_fence();
@@ -41,6 +48,11 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
                                          desc0 + static_cast<uint32_t>((32 * s) >> 4));
       }
       wgmma_commit();
+    }
+    if constexpr (kTurns) {
+      wgmma_wait<0>();
+      fence_acc(acc);
+      asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % 3) : "memory");
     }
     if constexpr (kDec || kAlu) {
       const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);  // < 4096 - 32
@@ -73,6 +85,9 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
     work(it, fa, fb);
     work(it + 1, fb, fa);
   }
+  if constexpr (kTurns) {
+    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the last hand-over
+  }
   uint32_t v = 0;
 #pragma unroll
   for (int i = 0; i < 64; ++i) v ^= __float_as_uint(acc[i]);
@@ -99,7 +114,11 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(x_s + 4 * i), "r"(0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu)));
   __syncthreads();
   uint32_t v = 0;
-  if constexpr (kMode <= 4) {  // every warpgroup the same
+  if constexpr (kMode == 10) {
+    v = run_loop<true, true, false, 1, true>(iters, table_s, x_s, w_s, tid);
+  } else if constexpr (kMode == 11) {
+    v = run_loop<true, false, false, 1, true>(iters, table_s, x_s, w_s, tid);
+  } else if constexpr (kMode <= 4) {  // every warpgroup the same
     v = run_loop<kMode == 0 || kMode == 2 || kMode == 4, kMode == 1 || kMode == 2, kMode == 3 || kMode == 4, 1>(
         iters, table_s, x_s, w_s, tid);
   } else if (wg == 0) {
@@ -138,6 +157,8 @@ extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, vo
     case 7: return launch<7>(iters, blocks, sink, stream);
     case 8: return launch<8>(iters, blocks, sink, stream);
     case 9: return launch<9>(iters, blocks, sink, stream);
+    case 10: return launch<10>(iters, blocks, sink, stream);
+    case 11: return launch<11>(iters, blocks, sink, stream);
   }
   return -2;
 }

@@ -12,7 +12,7 @@ import torch
 from fastnf4 import _cuda
 
 MODES = ["mma", "dec", "mma+dec", "alu", "mma+alu", "wg0 mma x3 | wg1-2 dec", "wg0 mma x3 | wg1-2 alu",
-         "wg0 mma x3 alone", "wg1-2 dec alone", "wg1-2 alu alone"]
+         "wg0 mma x3 alone", "wg1-2 dec alone", "wg1-2 alu alone", "mma+dec, turns", "mma, turns"]
 
 
 def main():
@@ -45,7 +45,7 @@ def main():
         print(f"  {name:26s} {1e3 * res[name]:8.1f}")
     pairs = [("mma+dec", "mma", "dec"), ("mma+alu", "mma", "alu"),
              ("wg0 mma x3 | wg1-2 dec", "wg0 mma x3 alone", "wg1-2 dec alone"),
-             ("wg0 mma x3 | wg1-2 alu", "wg0 mma x3 alone", "wg1-2 alu alone")]
+             ("wg0 mma x3 | wg1-2 alu", "wg0 mma x3 alone", "wg1-2 alu alone"), ("mma+dec, turns", "mma", "dec")]
     for both, x, y in pairs:
         lo, hi = max(res[x], res[y]), res[x] + res[y]
         print(f"  {both:26s}: {1e3 * res[both]:7.1f} ns; parts {1e3 * res[x]:.1f} + {1e3 * res[y]:.1f}: "

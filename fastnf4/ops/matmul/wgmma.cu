@@ -687,28 +687,26 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
 
   // weight ring slot (step i's slot is i % kWStages; the trimmed variants carry it instead of dividing)
   auto slot_base = [&](int slot) { return table_s + static_cast<uint32_t>(slot * kHoles * 256); };
-  // the weight copy source of step u (trimmed variants): w_base + u * w_stride; rows past N copy zero bytes from
-  // the packed base
-  const uint8_t* w_base = w_ok ? w_src + s_begin * (kStep / 2) : p.packed;
-  const int w_stride = w_ok ? kStep / 2 : 0;
   auto x_stage = [&](int i) { return ring_s + static_cast<uint32_t>((i % kXStages) * C::kXBytes); };
   // the statistics quad slot of step i
   auto quad_at = [&](int i) { return quad_s + static_cast<uint32_t>(((i >> 2) % C::kQuadSlots) * kQuadBytes); };
-#if defined(FASTNF4_WG_RUNPTR)
-  // Experiment (trimmed variants): copy sources as running pointers of the loop's 4-step iteration (base step i0),
-  // so that a copy's source is a pointer plus a constant (rel = u - i0, known where the loop is unrolled) and its
-  // destination a kept register plus a uniform slot offset, instead of the per-copy 64-bit index arithmetic.
-  // Statistics quads with blocksize 64 (quad64 below): the row's block of step u is s_e0 + u.
+  // Trimmed variants with BM >= kTrimFromBM (kRun): the copy sources are running pointers of the loop's 4-step
+  // iteration (base step i0, a multiple of 4), so a copy's source is a pointer plus a constant (rel = u - i0, known
+  // where the loop is unrolled), and the destinations are kept registers plus a uniform slot offset: no 64-bit index
+  // arithmetic per copy (H200, session 44, with the statistics shuffle below: 2-2.5% faster at M = 128, 1.5% at
+  // M = 512 over the 17 model weights; 1-2.4% slower at M = 16 / 32, so BM <= 32 keep w_base + u w_stride). Rows
+  // past N copy zero bytes from the packed base (+ 32 bytes per step stays inside the allocation: u < nsteps <=
+  // K / 64). Statistics quads with blocksize 64 (quad64): the row's block of step u is s_e0 + u.
+  constexpr bool kRun = C::kTrim && BM >= kTrimFromBM;
+  const uint8_t* w_base = w_ok ? w_src + s_begin * (kStep / 2) : p.packed;
+  const int w_stride = w_ok ? kStep / 2 : 0;
   const bool run_q64 = quad && lb == 6;
   const long long s_e0 = (s_rowk >> 6) + s_begin;
   const uint8_t* w_it = w_ok ? w_src + s_begin * (kStep / 2) : p.packed;  // + 32 bytes per step
   const uint8_t* s_it = static_cast<const uint8_t*>(p.absmax) + (kNested ? s_e0 : 4 * s_e0);  // + 1 / 4 bytes per step
   int i0 = 0;
-  const uint32_t w_dst_abs = pin32(table_s + w_dst);
-  const uint32_t q_dst_abs = pin32(quad_s + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr));
-#endif
-  // copy group u (weight ring slot u % kWStages): the weights and statistics of step u and the x tile of step
-  // u - kLag (those that exist); rel = u - i0 (RUNPTR experiment, trimmed variants)
+  const uint32_t w_dst_abs = kRun ? pin32(table_s + w_dst) : 0u;
+  const uint32_t q_dst_abs = kRun ? pin32(quad_s + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr)) : 0u;
   // the x tile of step v (thread 0, 0 <= v < nsteps)
   auto load_x = [&](int v) {
     const uint32_t bar = bars + 8 * (v % kXStages);
@@ -721,43 +719,36 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     mbar_expect(bar, C::kXBytes);
     tma_x(x_stage(v), &kp.xmap, static_cast<int>(kstep(v) * kStep), static_cast<int>(m0), bar);
   };
-  // (x_too: with the x tile; checked: u < nsteps not known by the caller)
+  // copy group u (weight ring slot u % kWStages, or `slot` in the trimmed variants, with rel = u - i0): the weights
+  // and statistics of step u and (x_too) the x tile of step u - kLag, those that exist; checked: u < nsteps is not
+  // known by the caller
   auto load_group = [&](int u, int slot, int rel, bool x_too = true, bool checked = true) {
     if (!checked || u < nsteps) {
       const long long k0 = kstep(u) * kStep;
       const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
-      bool stats_done = false;  // (RUNPTR: copied below)
-#if defined(FASTNF4_WG_RUNPTR)
-      if constexpr (C::kTrim) {
-#if !defined(FASTNF4_WG_NO_WCOPY)
-        cp_async16(w_dst_abs + static_cast<uint32_t>(slot * kHoles * 256), w_it + rel * (kStep / 2), w_ok ? 16 : 0);
-#endif
-#if !defined(FASTNF4_WG_NO_STATS)
-        if (run_q64) {
-          if ((rel & 3) == 0 && s_on) {
-            const uint32_t dst = q_dst_abs + static_cast<uint32_t>((((i0 + rel) >> 2) & 3) * kQuadBytes);
-            if constexpr (kNested) {
-              cp_async4(dst, s_nab ? static_cast<const void*>(p.nested_absmax + ((s_e0 + i0 + rel) >> 8))
-                                   : static_cast<const void*>(s_it + rel));
-            } else {
-              cp_async16(dst, s_it + 4 * rel, 16);
-            }
-          }
-          stats_done = true;
-        }
-#endif
-      }
-#endif
+      bool stats_done = false;
 #if !defined(FASTNF4_WG_NO_WCOPY)  // diagnostic: no weight copies (the decode reads stale stages; wrong results)
-      if constexpr (C::kTrim) {
-#if !defined(FASTNF4_WG_RUNPTR)
+      if constexpr (kRun) {
+        cp_async16(w_dst_abs + static_cast<uint32_t>(slot * kHoles * 256), w_it + rel * (kStep / 2), w_ok ? 16 : 0);
+      } else if constexpr (C::kTrim) {
         cp_async16(ws + w_dst, w_base + u * w_stride, w_ok ? 16 : 0);
-#endif
       } else {
         cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
       }
 #endif
 #if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
+      if (kRun && run_q64) {
+        if ((rel & 3) == 0 && s_on) {  // once per 4 steps, for steps u .. u + 3
+          const uint32_t dst = q_dst_abs + static_cast<uint32_t>((((i0 + rel) >> 2) & 3) * kQuadBytes);
+          if constexpr (kNested) {
+            cp_async4(dst, s_nab ? static_cast<const void*>(p.nested_absmax + ((s_e0 + i0 + rel) >> 8))
+                                 : static_cast<const void*>(s_it + rel));
+          } else {
+            cp_async16(dst, s_it + 4 * rel, 16);
+          }
+        }
+        stats_done = true;
+      }
       if (!stats_done && s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
         const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr) : ws + s_dst;
@@ -819,8 +810,8 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       q[0] = __uint_as_float(v.x), q[1] = __uint_as_float(v.y), q[2] = __uint_as_float(v.z), q[3] = __uint_as_float(v.w);
     }
   };
-#if defined(FASTNF4_WG_QSHFL)
-  // Experiment (nested statistics quads): the 4 lanes of a lane quad share rows ra / rb, so lane t works out only
+#if !defined(FASTNF4_WG_NO_QSHFL)  // (A / B: -DFASTNF4_WG_NO_QSHFL, every lane decodes all 8)
+  // Nested statistics quads: the 4 lanes of a lane quad share rows ra / rb, so lane t works out only
   // step t's absmax of the quad for each, and every step takes its pair from lane jq of the quad by a shuffle
   float qa_own = 0.f, qb_own = 0.f;
   auto quad_own = [&](int i, int r) -> float {
@@ -836,8 +827,8 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     sa = sb = 1.f;
 #else
     if (C::kTrim && jq >= 0 && quad64) {
-#if defined(FASTNF4_WG_QSHFL)
-      if constexpr (kNested) {
+#if !defined(FASTNF4_WG_NO_QSHFL)
+      if constexpr (kNested && kRun) {
         if (jq == 0) {
           qa_own = quad_own(i, ra);
           qb_own = quad_own(i, rb);
@@ -963,10 +954,10 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
         if ((j & 1) == 0) {
           cp_async_wait<kWStages - 4>();
           __syncthreads();
-#if defined(FASTNF4_WG_RUNPTR)
-          // both groups and both x tiles exist in the steady state: no per-group bounds checks, one x branch
-          if (i > 0 && i + kWStages < nsteps) {
-            load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1, j + kWStages - 1, false, false);
+          const int slot0 = slot == 0 ? kWStages - 1 : slot - 1;
+          if (kRun && i > 0 && i + kWStages < nsteps) {
+            // the steady state: both groups and both x tiles exist (no per-group bounds checks, one x branch)
+            load_group(i + kWStages - 1, slot0, j + kWStages - 1, false, false);
             cp_async_commit();
             load_group(i + kWStages, slot, j + kWStages, false, false);
             cp_async_commit();
@@ -974,15 +965,13 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
               load_x(i + kWStages - 1 - kLag);
               load_x(i + kWStages - kLag);
             }
-          } else
-#endif
-          {
-          if (i > 0) {
-            load_group(i + kWStages - 1, slot == 0 ? kWStages - 1 : slot - 1, j + kWStages - 1);
+          } else {
+            if (i > 0) {
+              load_group(i + kWStages - 1, slot0, j + kWStages - 1);
+              cp_async_commit();
+            }
+            load_group(i + kWStages, slot, j + kWStages);
             cp_async_commit();
-          }
-          load_group(i + kWStages, slot, j + kWStages);
-          cp_async_commit();
           }
         }
       } else {
@@ -1012,11 +1001,9 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       if (i + 1 < nsteps) step(i + 1, 1, par, i + 2 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
       if (i + 2 < nsteps) step(i + 2, 2, par, i + 3 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
       if (i + 3 < nsteps) step(i + 3, 3, par, i + 4 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
-#if defined(FASTNF4_WG_RUNPTR)
-      i0 += 4;
+      i0 += 4;  // the copy sources' base step
       w_it += 4 * (kStep / 2);
       s_it += kNested ? 4 : 16;
-#endif
     }
   } else if constexpr (kUnroll2) {
     // two steps per iteration, the fragment arrays trading roles instead of being copied
