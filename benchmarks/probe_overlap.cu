@@ -129,6 +129,136 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
   }
   atomicOr(sink + (blockIdx.x & 1023), v);
 }
+
+// Modes 12-15: the split form with the hand-over a real kernel needs. Warpgroups 1-2 decode (mode 15: alu) the next
+// iteration's fragments of "their" 64 rows and store them to a ring of kDepth slots in shared memory (slot: producer
+// k, register quad q, thread l at 16 (l + 128 (q + 4 k)) bytes: conflict-free 16-byte stores and loads), then
+// arrive on the slot's full barrier (256 arrivals); warpgroup 0 waits for it, loads its 32 fragment registers with
+// 8 LDS.128, arrives on the slot's empty barrier (128 arrivals) and issues 12 wgmma (row group 1's fragments, row
+// group 2's, row group 1's again: the tensor work of "wg0 mma x3") with one wait. 12 / 13: ring of 2 / 4, decode;
+// 14: ring of 4, decode, the MMA warpgroup loads the fragments one iteration ahead (double registers); 15: ring of
+// 4, alu.
+constexpr int kSlot = 2 * 4 * 128 * 16;  // 16 KiB
+template <int kDepth, bool kAlu, bool kAhead>
+__device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, uint32_t ring_s,
+                                              uint32_t bars, int tid, int wg) {
+  const uint32_t full = bars, empty = bars + 8 * kDepth;
+  const int l = tid & 127;
+  if (wg == 0) {  // the MMA warpgroup
+    const uint64_t desc0 = desc_sw128(x_s);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    uint32_t f[2][32];
+    auto load = [&](int it, uint32_t (&g)[32]) {
+      const int slot = it % kDepth;
+      mbar_wait(full + 8 * slot, (it / kDepth) & 1);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const uint4 v = lds128(ring_s + slot * kSlot + 16 * (l + 128 * q));
+        g[4 * q] = v.x, g[4 * q + 1] = v.y, g[4 * q + 2] = v.z, g[4 * q + 3] = v.w;
+      }
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * slot) : "memory");
+    };
+    auto mma = [&](uint32_t (&g)[32]) {
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int r = 0; r < 3; ++r) {
+        const int b = r == 1 ? 16 : 0;
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          Wgmma<__nv_bfloat16, 128>::run(acc, g[b + 4 * s], g[b + 4 * s + 1], g[b + 4 * s + 2], g[b + 4 * s + 3],
+                                         desc0 + static_cast<uint32_t>((32 * s) >> 4));
+      }
+      wgmma_commit();
+    };
+    if constexpr (kAhead) {
+      load(0, f[0]);
+      for (int it = 0; it < iters; it += 2) {
+        mma(f[0]);
+        if (it + 1 < iters) load(it + 1, f[1]);
+        wgmma_wait<0>();
+        fence_acc(acc);
+        mma(f[1]);
+        if (it + 2 < iters) load(it + 2, f[0]);
+        wgmma_wait<0>();
+        fence_acc(acc);
+      }
+    } else {
+      for (int it = 0; it < iters; ++it) {
+        load(it, f[0]);
+        mma(f[0]);
+        wgmma_wait<0>();
+        fence_acc(acc);
+      }
+    }
+    uint32_t v = 0;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) v ^= __float_as_uint(acc[i]);
+    return v;
+  }
+  // a decode warpgroup (k = wg - 1)
+  const int k = wg - 1, lane = tid & 31, t = lane & 3;
+  const uint32_t lane8 = 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
+  const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
+  uint32_t v = 0;
+  for (int it = 0; it < iters; ++it) {
+    const int slot = it % kDepth;
+    const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);
+    const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
+    const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
+    const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    uint32_t g[16];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      if constexpr (!kAlu) {
+        g[2 * s] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wa[s], sa);
+        g[2 * s + 1] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wb[s], sb);
+      } else {
+        const uint32_t ba = __byte_perm(wa[s], lane8, sel), bb = __byte_perm(wb[s], lane8, sel);
+        g[2 * s] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (ba << 4)) * sa,
+                                             __uint_as_float(0x3c000000u | (ba << 12)) * sa);
+        g[2 * s + 1] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (bb << 4)) * sb,
+                                                 __uint_as_float(0x3c000000u | (bb << 12)) * sb);
+      }
+    }
+    if (it >= kDepth) mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ring_s + slot * kSlot + 16 * (l + 128 * (q + 4 * k))),
+                   "r"(g[4 * q]), "r"(g[4 * q + 1]), "r"(g[4 * q + 2]), "r"(g[4 * q + 3]) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(full + 8 * slot) : "memory");
+    v ^= g[0];
+  }
+  return v;
+}
+
+template <int kDepth, bool kAlu, bool kAhead>
+__global__ void __launch_bounds__(384, 1) ring_overlap(int iters, uint32_t* sink) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u, x_s = table_s + kTable, w_s = x_s + kX;
+  const uint32_t ring_s = w_s + kW, bars = ring_s + kDepth * kSlot;
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  for (int e = tid; e < 256; e += 384) {
+    const float hi = 0.25f * ((e >> 4) - 7.5f), lo = 0.25f * ((e & 15) - 7.5f);
+    for (int i = 0; i < 8; ++i)
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * e + 16 * i), "f"(hi), "f"(lo));
+  }
+  for (int i = tid; i < (kX + kW) / 4; i += 384)
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(x_s + 4 * i), "r"(0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu)));
+  if (tid == 0) {
+    for (int i = 0; i < kDepth; ++i) {
+      mbar_init(bars + 8 * i, 256);
+      mbar_init(bars + 8 * (kDepth + i), 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const uint32_t v = ring_loop<kDepth, kAlu, kAhead>(iters, table_s, x_s, w_s, ring_s, bars, tid, wg);
+  atomicOr(sink + (blockIdx.x & 1023), v);
+}
 }  // namespace probe_overlap
 
 template <int kMode>
@@ -141,6 +271,21 @@ int launch(int iters, int blocks, void* sink, void* stream) {
     ready = true;
   }
   probe_overlap::overlap<kMode><<<blocks, 384, probe_overlap::kSmem, static_cast<cudaStream_t>(stream)>>>(
+      iters, static_cast<uint32_t*>(sink));
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int kDepth, bool kAlu, bool kAhead>
+int launch_ring(int iters, int blocks, void* sink, void* stream) {
+  constexpr int smem = probe_overlap::kSmem + kDepth * probe_overlap::kSlot + 16 * kDepth;
+  static bool ready = false;
+  if (!ready) {
+    if (cudaFuncSetAttribute(probe_overlap::ring_overlap<kDepth, kAlu, kAhead>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+      return -1;
+    ready = true;
+  }
+  probe_overlap::ring_overlap<kDepth, kAlu, kAhead><<<blocks, 384, smem, static_cast<cudaStream_t>(stream)>>>(
       iters, static_cast<uint32_t*>(sink));
   return static_cast<int>(cudaGetLastError());
 }
@@ -159,6 +304,10 @@ extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, vo
     case 9: return launch<9>(iters, blocks, sink, stream);
     case 10: return launch<10>(iters, blocks, sink, stream);
     case 11: return launch<11>(iters, blocks, sink, stream);
+    case 12: return launch_ring<2, false, false>(iters, blocks, sink, stream);
+    case 13: return launch_ring<4, false, false>(iters, blocks, sink, stream);
+    case 14: return launch_ring<4, false, true>(iters, blocks, sink, stream);
+    case 15: return launch_ring<4, true, false>(iters, blocks, sink, stream);
   }
   return -2;
 }

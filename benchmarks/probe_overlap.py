@@ -12,7 +12,9 @@ import torch
 from fastnf4 import _cuda
 
 MODES = ["mma", "dec", "mma+dec", "alu", "mma+alu", "wg0 mma x3 | wg1-2 dec", "wg0 mma x3 | wg1-2 alu",
-         "wg0 mma x3 alone", "wg1-2 dec alone", "wg1-2 alu alone", "mma+dec, turns", "mma, turns"]
+         "wg0 mma x3 alone", "wg1-2 dec alone", "wg1-2 alu alone", "mma+dec, turns", "mma, turns",
+         "ring 2: wg1-2 dec -> wg0 mma x3", "ring 4: dec -> mma x3", "ring 4: dec -> mma x3, loads ahead",
+         "ring 4: alu -> mma x3"]
 
 
 def main():
@@ -39,13 +41,18 @@ def main():
             b.synchronize()
             times.append(a.elapsed_time(b) * 1e3 / iters)  # us per iteration
         res[name] = sorted(times)[len(times) // 2]
+        print(f"  ({name}: {1e3 * res[name]:.1f} ns)", flush=True)
     torch.cuda.synchronize()
     print("ns per iteration (median of 9 launches, one block per SM):")
     for name in MODES:
         print(f"  {name:26s} {1e3 * res[name]:8.1f}")
     pairs = [("mma+dec", "mma", "dec"), ("mma+alu", "mma", "alu"),
              ("wg0 mma x3 | wg1-2 dec", "wg0 mma x3 alone", "wg1-2 dec alone"),
-             ("wg0 mma x3 | wg1-2 alu", "wg0 mma x3 alone", "wg1-2 alu alone"), ("mma+dec, turns", "mma", "dec")]
+             ("wg0 mma x3 | wg1-2 alu", "wg0 mma x3 alone", "wg1-2 alu alone"), ("mma+dec, turns", "mma", "dec"),
+             ("ring 2: wg1-2 dec -> wg0 mma x3", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring 4: dec -> mma x3", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring 4: dec -> mma x3, loads ahead", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring 4: alu -> mma x3", "wg0 mma x3 alone", "wg1-2 alu alone")]
     for both, x, y in pairs:
         lo, hi = max(res[x], res[y]), res[x] + res[y]
         print(f"  {both:26s}: {1e3 * res[both]:7.1f} ns; parts {1e3 * res[x]:.1f} + {1e3 * res[y]:.1f}: "
