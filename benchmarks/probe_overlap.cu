@@ -137,9 +137,9 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
 // 8 LDS.128, arrives on the slot's empty barrier (128 arrivals) and issues 12 wgmma (row group 1's fragments, row
 // group 2's, row group 1's again: the tensor work of "wg0 mma x3") with one wait. 12 / 13: ring of 2 / 4, decode;
 // 14: ring of 4, decode, the MMA warpgroup loads the fragments one iteration ahead (double registers); 15: ring of
-// 4, alu.
+// 4, alu; 16 / 17: 13 / 14 with one polling lane per decode warp (the others wait at __syncwarp).
 constexpr int kSlot = 2 * 4 * 128 * 16;  // 16 KiB
-template <int kDepth, bool kAlu, bool kAhead>
+template <int kDepth, bool kAlu, bool kAhead, bool kLeader = false>
 __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, uint32_t ring_s,
                                               uint32_t bars, int tid, int wg) {
   const uint32_t full = bars, empty = bars + 8 * kDepth;
@@ -224,7 +224,14 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
                                                  __uint_as_float(0x3c000000u | (bb << 12)) * sb);
       }
     }
-    if (it >= kDepth) mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
+    if (it >= kDepth) {
+      if constexpr (kLeader) {  // one lane per warp polls the barrier, the others wait at the warp barrier
+        if (lane == 0) mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
+        __syncwarp();
+      } else {
+        mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
+      }
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ring_s + slot * kSlot + 16 * (l + 128 * (q + 4 * k))),
@@ -235,7 +242,7 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
   return v;
 }
 
-template <int kDepth, bool kAlu, bool kAhead>
+template <int kDepth, bool kAlu, bool kAhead, bool kLeader>
 __global__ void __launch_bounds__(384, 1) ring_overlap(int iters, uint32_t* sink) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u, x_s = table_s + kTable, w_s = x_s + kX;
@@ -256,7 +263,7 @@ __global__ void __launch_bounds__(384, 1) ring_overlap(int iters, uint32_t* sink
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  const uint32_t v = ring_loop<kDepth, kAlu, kAhead>(iters, table_s, x_s, w_s, ring_s, bars, tid, wg);
+  const uint32_t v = ring_loop<kDepth, kAlu, kAhead, kLeader>(iters, table_s, x_s, w_s, ring_s, bars, tid, wg);
   atomicOr(sink + (blockIdx.x & 1023), v);
 }
 }  // namespace probe_overlap
@@ -275,17 +282,17 @@ int launch(int iters, int blocks, void* sink, void* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <int kDepth, bool kAlu, bool kAhead>
+template <int kDepth, bool kAlu, bool kAhead, bool kLeader = false>
 int launch_ring(int iters, int blocks, void* sink, void* stream) {
   constexpr int smem = probe_overlap::kSmem + kDepth * probe_overlap::kSlot + 16 * kDepth;
   static bool ready = false;
   if (!ready) {
-    if (cudaFuncSetAttribute(probe_overlap::ring_overlap<kDepth, kAlu, kAhead>,
+    if (cudaFuncSetAttribute(probe_overlap::ring_overlap<kDepth, kAlu, kAhead, kLeader>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
       return -1;
     ready = true;
   }
-  probe_overlap::ring_overlap<kDepth, kAlu, kAhead><<<blocks, 384, smem, static_cast<cudaStream_t>(stream)>>>(
+  probe_overlap::ring_overlap<kDepth, kAlu, kAhead, kLeader><<<blocks, 384, smem, static_cast<cudaStream_t>(stream)>>>(
       iters, static_cast<uint32_t*>(sink));
   return static_cast<int>(cudaGetLastError());
 }
@@ -308,6 +315,8 @@ extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, vo
     case 13: return launch_ring<4, false, false>(iters, blocks, sink, stream);
     case 14: return launch_ring<4, false, true>(iters, blocks, sink, stream);
     case 15: return launch_ring<4, true, false>(iters, blocks, sink, stream);
+    case 16: return launch_ring<4, false, false, true>(iters, blocks, sink, stream);
+    case 17: return launch_ring<4, false, true, true>(iters, blocks, sink, stream);
   }
   return -2;
 }

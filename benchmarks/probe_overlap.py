@@ -14,7 +14,8 @@ from fastnf4 import _cuda
 MODES = ["mma", "dec", "mma+dec", "alu", "mma+alu", "wg0 mma x3 | wg1-2 dec", "wg0 mma x3 | wg1-2 alu",
          "wg0 mma x3 alone", "wg1-2 dec alone", "wg1-2 alu alone", "mma+dec, turns", "mma, turns",
          "ring 2: wg1-2 dec -> wg0 mma x3", "ring 4: dec -> mma x3", "ring 4: dec -> mma x3, loads ahead",
-         "ring 4: alu -> mma x3"]
+         "ring 4: alu -> mma x3", "ring 4: dec (lane-0 polls) -> mma x3",
+         "ring 4: dec (lane-0 polls) -> mma x3, loads ahead"]
 
 
 def main():
@@ -52,7 +53,9 @@ def main():
              ("ring 2: wg1-2 dec -> wg0 mma x3", "wg0 mma x3 alone", "wg1-2 dec alone"),
              ("ring 4: dec -> mma x3", "wg0 mma x3 alone", "wg1-2 dec alone"),
              ("ring 4: dec -> mma x3, loads ahead", "wg0 mma x3 alone", "wg1-2 dec alone"),
-             ("ring 4: alu -> mma x3", "wg0 mma x3 alone", "wg1-2 alu alone")]
+             ("ring 4: alu -> mma x3", "wg0 mma x3 alone", "wg1-2 alu alone"),
+             ("ring 4: dec (lane-0 polls) -> mma x3", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring 4: dec (lane-0 polls) -> mma x3, loads ahead", "wg0 mma x3 alone", "wg1-2 dec alone")]
     for both, x, y in pairs:
         lo, hi = max(res[x], res[y]), res[x] + res[y]
         print(f"  {both:26s}: {1e3 * res[both]:7.1f} ns; parts {1e3 * res[x]:.1f} + {1e3 * res[y]:.1f}: "
