@@ -17,14 +17,50 @@ using namespace fastnf4_wg;
 constexpr int kTable = 256 * 256, kX = 128 * 128, kW = 4096;
 constexpr int kSmem = 1024 + kTable + kX + kW;
 
+// table (as the production kernel's: entry v = 16 copies of the float pair), x tile and packed words: arbitrary
+// nonzero values
+__device__ __forceinline__ void fill(uint32_t table_s, uint32_t x_s, int tid) {
+  for (int e = tid; e < 256; e += 384) {
+    const float hi = 0.25f * ((e >> 4) - 7.5f), lo = 0.25f * ((e & 15) - 7.5f);
+    for (int i = 0; i < 8; ++i)
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * e + 16 * i), "f"(hi), "f"(lo));
+  }
+  for (int i = tid; i < (kX + kW) / 4; i += 384)
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(x_s + 4 * i), "r"(0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu)));
+}
+
+// iteration it's 16 fragments of this lane: the production decode (kAlu: the pair from the byte by ALU operations)
+template <bool kAlu>
+__device__ __forceinline__ void decode16(int it, uint32_t table_s, uint32_t w_s, int tid, uint32_t (&g)[16]) {
+  const int lane = tid & 31, t = lane & 3;
+  const uint32_t lane8 = 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
+  const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
+  const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);  // < 4096 - 32
+  const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
+  const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
+  const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    if constexpr (!kAlu) {
+      g[2 * s] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wa[s], sa);
+      g[2 * s + 1] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wb[s], sb);
+    } else {
+      const uint32_t ba = __byte_perm(wa[s], lane8, sel), bb = __byte_perm(wb[s], lane8, sel);
+      g[2 * s] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (ba << 4)) * sa,
+                                           __uint_as_float(0x3c000000u | (ba << 12)) * sa);
+      g[2 * s + 1] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (bb << 4)) * sb,
+                                               __uint_as_float(0x3c000000u | (bb << 12)) * sb);
+    }
+  }
+}
+
 // one warpgroup's loop: kMma (kReps groups of 4 wgmma per wait), kDec / kAlu (the next iteration's fragments)
 // kTurns: the warpgroups take turns at the tensor cores (named barrier 1 + w: warpgroup w's turn; it waits for it,
 // issues, waits for its wgmma and hands the turn on, then decodes), so that their wgmma are not interleaved
 template <bool kMma, bool kDec, bool kAlu, int kReps, bool kTurns = false>
 __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid) {
   const int wg = tid >> 7;
-  const int lane = tid & 31, t = lane & 3;
-  const uint32_t lane8 = 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const uint64_t desc0 = desc_sw128(x_s);
   float acc[64];
 #pragma unroll
@@ -32,7 +68,6 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
   uint32_t fa[16], fb[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0x3c003c00u + i + tid;
-  const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
   auto work = [&](int it, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
     if constexpr (kTurns) {
       if (it > 0 || wg > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
@@ -54,26 +89,7 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
       fence_acc(acc);
       asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % 3) : "memory");
     }
-    if constexpr (kDec || kAlu) {
-      const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);  // < 4096 - 32
-      const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
-      const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
-      const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        if constexpr (kDec) {
-          nxt[2 * s] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wa[s], sa);
-          nxt[2 * s + 1] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wb[s], sb);
-        } else {
-          const uint32_t ba = __byte_perm(wa[s], lane8, sel), bb = __byte_perm(wb[s], lane8, sel);
-          nxt[2 * s] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (ba << 4)) * sa,
-                                                 __uint_as_float(0x3c000000u | (ba << 12)) * sa);
-          nxt[2 * s + 1] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (bb << 4)) * sb,
-                                                     __uint_as_float(0x3c000000u | (bb << 12)) * sb);
-        }
-      }
-    }
+    if constexpr (kDec || kAlu) decode16<kAlu>(it, table_s, w_s, tid, nxt);
     if constexpr (kMma) {
       wgmma_wait<0>();
       fence_acc(acc);
@@ -103,15 +119,7 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
   // (the warpgroup index through a shuffle: warp-uniform to the compiler, so that its branches are not divergent paths
   // for the wgmma, as CUTLASS's canonical_warp_group_idx)
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-  // table (as the production kernel's: entry v = 16 copies of the float pair), x tile and packed words: arbitrary
-  // nonzero values
-  for (int e = tid; e < 256; e += 384) {
-    const float hi = 0.25f * ((e >> 4) - 7.5f), lo = 0.25f * ((e & 15) - 7.5f);
-    for (int i = 0; i < 8; ++i)
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * e + 16 * i), "f"(hi), "f"(lo));
-  }
-  for (int i = tid; i < (kX + kW) / 4; i += 384)
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(x_s + 4 * i), "r"(0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu)));
+  fill(table_s, x_s, tid);
   __syncthreads();
   uint32_t v = 0;
   if constexpr (kMode == 10) {
@@ -199,31 +207,12 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
     return v;
   }
   // a decode warpgroup (k = wg - 1)
-  const int k = wg - 1, lane = tid & 31, t = lane & 3;
-  const uint32_t lane8 = 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
-  const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
+  const int k = wg - 1, lane = tid & 31;
   uint32_t v = 0;
   for (int it = 0; it < iters; ++it) {
     const int slot = it % kDepth;
-    const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);
-    const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
-    const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
-    const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-    const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
     uint32_t g[16];
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      if constexpr (!kAlu) {
-        g[2 * s] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wa[s], sa);
-        g[2 * s + 1] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wb[s], sb);
-      } else {
-        const uint32_t ba = __byte_perm(wa[s], lane8, sel), bb = __byte_perm(wb[s], lane8, sel);
-        g[2 * s] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (ba << 4)) * sa,
-                                             __uint_as_float(0x3c000000u | (ba << 12)) * sa);
-        g[2 * s + 1] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (bb << 4)) * sb,
-                                                 __uint_as_float(0x3c000000u | (bb << 12)) * sb);
-      }
-    }
+    decode16<kAlu>(it, table_s, w_s, tid, g);
     if (it >= kDepth) {
       if constexpr (kLeader) {  // one lane per warp polls the barrier, the others wait at the warp barrier
         if (lane == 0) mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
@@ -248,13 +237,7 @@ __global__ void __launch_bounds__(384, 1) ring_overlap(int iters, uint32_t* sink
   const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u, x_s = table_s + kTable, w_s = x_s + kX;
   const uint32_t ring_s = w_s + kW, bars = ring_s + kDepth * kSlot;
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-  for (int e = tid; e < 256; e += 384) {
-    const float hi = 0.25f * ((e >> 4) - 7.5f), lo = 0.25f * ((e & 15) - 7.5f);
-    for (int i = 0; i < 8; ++i)
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %1, %2};\n" ::"r"(table_s + 256 * e + 16 * i), "f"(hi), "f"(lo));
-  }
-  for (int i = tid; i < (kX + kW) / 4; i += 384)
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(x_s + 4 * i), "r"(0x3c003c00u ^ (i * 2654435761u & 0x00ff00ffu)));
+  fill(table_s, x_s, tid);
   if (tid == 0) {
     for (int i = 0; i < kDepth; ++i) {
       mbar_init(bars + 8 * i, 256);
