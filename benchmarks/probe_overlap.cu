@@ -138,6 +138,17 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
   atomicOr(sink + (blockIdx.x & 1023), v);
 }
 
+// m64n128k16 with A and B from shared memory (descriptors): the SS form (modes 21-22)
+__device__ __forceinline__ void wgmma_ss128(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
 // Modes 12-15: the split form with the hand-over a real kernel needs. Warpgroups 1-2 decode (mode 15: alu) the next
 // iteration's fragments of "their" 64 rows and store them to a ring of kDepth slots in shared memory (slot: producer
 // k, register quad q, thread l at 16 (l + 128 (q + 4 k)) bytes: conflict-free 16-byte stores and loads), then
@@ -146,8 +157,14 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
 // group 2's, row group 1's again: the tensor work of "wg0 mma x3") with one wait. 12 / 13: ring of 2 / 4, decode;
 // 14: ring of 4, decode, the MMA warpgroup loads the fragments one iteration ahead (double registers); 15: ring of
 // 4, alu; 16 / 17: 13 / 14 with one polling lane per decode warp (the others wait at __syncwarp).
+// Modes 18-23 (written in session 44, not yet run): mode 13 with parts taken out (kParts bits: kNoSync no barriers,
+// kNoStore no decoder stores, kNoLoad constant fragments in the MMA warpgroup, kSS the MMA reads A from the ring by
+// descriptor (SS wgmma; the slot released after the wait), kNoDec the decode warpgroups idle): 18 loads only
+// (no barriers, no stores), 19 barriers only, 20 stores only, 21 SS with the full hand-over, 22 SS with independent
+// decoders (no barriers, no stores), 23 SS alone.
 constexpr int kSlot = 2 * 4 * 128 * 16;  // 16 KiB
-template <int kDepth, bool kAlu, bool kAhead, bool kLeader = false>
+constexpr int kNoSync = 1, kNoStore = 2, kNoLoad = 4, kSS = 8, kNoDec = 16;
+template <int kDepth, bool kAlu, bool kAhead, bool kLeader = false, int kParts = 0>
 __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, uint32_t ring_s,
                                               uint32_t bars, int tid, int wg) {
   const uint32_t full = bars, empty = bars + 8 * kDepth;
@@ -158,37 +175,48 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
     uint32_t f[2][32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) f[0][i] = f[1][i] = 0x3c003c00u + i + tid;
+    constexpr bool kSync = !(kParts & kNoSync), kRegs = !(kParts & kSS);
     auto load = [&](int it, uint32_t (&g)[32]) {
       const int slot = it % kDepth;
-      mbar_wait(full + 8 * slot, (it / kDepth) & 1);
+      if constexpr (kSync) mbar_wait(full + 8 * slot, (it / kDepth) & 1);
+      if constexpr (kRegs && !(kParts & kNoLoad)) {
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const uint4 v = lds128(ring_s + slot * kSlot + 16 * (l + 128 * q));
-        g[4 * q] = v.x, g[4 * q + 1] = v.y, g[4 * q + 2] = v.z, g[4 * q + 3] = v.w;
+        for (int q = 0; q < 8; ++q) {
+          const uint4 v = lds128(ring_s + slot * kSlot + 16 * (l + 128 * q));
+          g[4 * q] = v.x, g[4 * q + 1] = v.y, g[4 * q + 2] = v.z, g[4 * q + 3] = v.w;
+        }
       }
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * slot) : "memory");
+      if constexpr (kSync && kRegs) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * slot) : "memory");
     };
-    auto mma = [&](uint32_t (&g)[32]) {
+    auto mma = [&](int it, uint32_t (&g)[32]) {
       fence_acc(acc);
       wgmma_fence();
 #pragma unroll
       for (int r = 0; r < 3; ++r) {
         const int b = r == 1 ? 16 : 0;
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
-          Wgmma<__nv_bfloat16, 128>::run(acc, g[b + 4 * s], g[b + 4 * s + 1], g[b + 4 * s + 2], g[b + 4 * s + 3],
-                                         desc0 + static_cast<uint32_t>((32 * s) >> 4));
+        for (int s = 0; s < 4; ++s) {
+          const uint64_t db = desc0 + static_cast<uint32_t>((32 * s) >> 4);
+          if constexpr (kRegs) {
+            Wgmma<__nv_bfloat16, 128>::run(acc, g[b + 4 * s], g[b + 4 * s + 1], g[b + 4 * s + 2], g[b + 4 * s + 3], db);
+          } else {  // A: row group (r == 1) of the slot, a 64-row x 128-byte swizzled tile as x's
+            const uint32_t a_s = ring_s + (it % kDepth) * kSlot + (r == 1 ? kSlot / 2 : 0);
+            wgmma_ss128(acc, desc_sw128(a_s) + static_cast<uint32_t>((32 * s) >> 4), db);
+          }
+        }
       }
       wgmma_commit();
     };
     if constexpr (kAhead) {
       load(0, f[0]);
       for (int it = 0; it < iters; it += 2) {
-        mma(f[0]);
+        mma(it, f[0]);
         if (it + 1 < iters) load(it + 1, f[1]);
         wgmma_wait<0>();
         fence_acc(acc);
-        mma(f[1]);
+        mma(it + 1, f[1]);
         if (it + 2 < iters) load(it + 2, f[0]);
         wgmma_wait<0>();
         fence_acc(acc);
@@ -196,9 +224,13 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
     } else {
       for (int it = 0; it < iters; ++it) {
         load(it, f[0]);
-        mma(f[0]);
+        mma(it, f[0]);
         wgmma_wait<0>();
         fence_acc(acc);
+        // SS: the tensor cores read the slot until the wait
+        if constexpr (kSync && !kRegs) {
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * (it % kDepth)) : "memory");
+        }
       }
     }
     uint32_t v = 0;
@@ -207,13 +239,14 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
     return v;
   }
   // a decode warpgroup (k = wg - 1)
+  if constexpr ((kParts & kNoDec) != 0) return 0;
   const int k = wg - 1, lane = tid & 31;
   uint32_t v = 0;
   for (int it = 0; it < iters; ++it) {
     const int slot = it % kDepth;
     uint32_t g[16];
     decode16<kAlu>(it, table_s, w_s, tid, g);
-    if (it >= kDepth) {
+    if ((kParts & kNoSync) == 0 && it >= kDepth) {
       if constexpr (kLeader) {  // one lane per warp polls the barrier, the others wait at the warp barrier
         if (lane == 0) mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
         __syncwarp();
@@ -221,17 +254,21 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
         mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
       }
     }
+    if constexpr ((kParts & kNoStore) == 0) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ring_s + slot * kSlot + 16 * (l + 128 * (q + 4 * k))),
-                   "r"(g[4 * q]), "r"(g[4 * q + 1]), "r"(g[4 * q + 2]), "r"(g[4 * q + 3]) : "memory");
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(full + 8 * slot) : "memory");
-    v ^= g[0];
+      for (int q = 0; q < 4; ++q)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(ring_s + slot * kSlot + 16 * (l + 128 * (q + 4 * k))),
+                     "r"(g[4 * q]), "r"(g[4 * q + 1]), "r"(g[4 * q + 2]), "r"(g[4 * q + 3]) : "memory");
+    }
+    if constexpr ((kParts & kNoSync) == 0) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(full + 8 * slot) : "memory");
+    }
+    v ^= g[0] ^ g[15];
   }
   return v;
 }
 
-template <int kDepth, bool kAlu, bool kAhead, bool kLeader>
+template <int kDepth, bool kAlu, bool kAhead, bool kLeader, int kParts>
 __global__ void __launch_bounds__(384, 1) ring_overlap(int iters, uint32_t* sink) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t table_s = (smem_addr(smem_raw) + 1023u) & ~1023u, x_s = table_s + kTable, w_s = x_s + kX;
@@ -246,7 +283,7 @@ __global__ void __launch_bounds__(384, 1) ring_overlap(int iters, uint32_t* sink
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  const uint32_t v = ring_loop<kDepth, kAlu, kAhead, kLeader>(iters, table_s, x_s, w_s, ring_s, bars, tid, wg);
+  const uint32_t v = ring_loop<kDepth, kAlu, kAhead, kLeader, kParts>(iters, table_s, x_s, w_s, ring_s, bars, tid, wg);
   atomicOr(sink + (blockIdx.x & 1023), v);
 }
 }  // namespace probe_overlap
@@ -265,17 +302,17 @@ int launch(int iters, int blocks, void* sink, void* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <int kDepth, bool kAlu, bool kAhead, bool kLeader = false>
+template <int kDepth, bool kAlu, bool kAhead, bool kLeader = false, int kParts = 0>
 int launch_ring(int iters, int blocks, void* sink, void* stream) {
   constexpr int smem = probe_overlap::kSmem + kDepth * probe_overlap::kSlot + 16 * kDepth;
   static bool ready = false;
   if (!ready) {
-    if (cudaFuncSetAttribute(probe_overlap::ring_overlap<kDepth, kAlu, kAhead, kLeader>,
+    if (cudaFuncSetAttribute(probe_overlap::ring_overlap<kDepth, kAlu, kAhead, kLeader, kParts>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
       return -1;
     ready = true;
   }
-  probe_overlap::ring_overlap<kDepth, kAlu, kAhead, kLeader><<<blocks, 384, smem, static_cast<cudaStream_t>(stream)>>>(
+  probe_overlap::ring_overlap<kDepth, kAlu, kAhead, kLeader, kParts><<<blocks, 384, smem, static_cast<cudaStream_t>(stream)>>>(
       iters, static_cast<uint32_t*>(sink));
   return static_cast<int>(cudaGetLastError());
 }
@@ -300,6 +337,15 @@ extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, vo
     case 15: return launch_ring<4, true, false>(iters, blocks, sink, stream);
     case 16: return launch_ring<4, false, false, true>(iters, blocks, sink, stream);
     case 17: return launch_ring<4, false, true, true>(iters, blocks, sink, stream);
+    case 18: return launch_ring<4, false, false, false, probe_overlap::kNoSync | probe_overlap::kNoStore>(iters, blocks, sink, stream);
+    case 19: return launch_ring<4, false, false, false, probe_overlap::kNoStore | probe_overlap::kNoLoad>(iters, blocks, sink, stream);
+    case 20: return launch_ring<4, false, false, false, probe_overlap::kNoSync | probe_overlap::kNoLoad>(iters, blocks, sink, stream);
+    case 21: return launch_ring<4, false, false, false, probe_overlap::kSS>(iters, blocks, sink, stream);
+    case 22: return launch_ring<4, false, false, false, probe_overlap::kSS | probe_overlap::kNoSync | probe_overlap::kNoStore>(
+        iters, blocks, sink, stream);
+    case 23: return launch_ring<4, false, false, false,
+                                probe_overlap::kSS | probe_overlap::kNoSync | probe_overlap::kNoStore | probe_overlap::kNoDec>(
+        iters, blocks, sink, stream);
   }
   return -2;
 }

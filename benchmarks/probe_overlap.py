@@ -15,7 +15,9 @@ MODES = ["mma", "dec", "mma+dec", "alu", "mma+alu", "wg0 mma x3 | wg1-2 dec", "w
          "wg0 mma x3 alone", "wg1-2 dec alone", "wg1-2 alu alone", "mma+dec, turns", "mma, turns",
          "ring 2: wg1-2 dec -> wg0 mma x3", "ring 4: dec -> mma x3", "ring 4: dec -> mma x3, loads ahead",
          "ring 4: alu -> mma x3", "ring 4: dec (lane-0 polls) -> mma x3",
-         "ring 4: dec (lane-0 polls) -> mma x3, loads ahead"]
+         "ring 4: dec (lane-0 polls) -> mma x3, loads ahead", "ring parts: mma loads only", "ring parts: barriers only",
+         "ring parts: decoder stores only", "ring SS: dec -> SS mma x3", "ring SS: independent dec | SS mma x3",
+         "SS mma x3 alone"]
 
 
 def main():
@@ -55,7 +57,12 @@ def main():
              ("ring 4: dec -> mma x3, loads ahead", "wg0 mma x3 alone", "wg1-2 dec alone"),
              ("ring 4: alu -> mma x3", "wg0 mma x3 alone", "wg1-2 alu alone"),
              ("ring 4: dec (lane-0 polls) -> mma x3", "wg0 mma x3 alone", "wg1-2 dec alone"),
-             ("ring 4: dec (lane-0 polls) -> mma x3, loads ahead", "wg0 mma x3 alone", "wg1-2 dec alone")]
+             ("ring 4: dec (lane-0 polls) -> mma x3, loads ahead", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring parts: mma loads only", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring parts: barriers only", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring parts: decoder stores only", "wg0 mma x3 alone", "wg1-2 dec alone"),
+             ("ring SS: dec -> SS mma x3", "SS mma x3 alone", "wg1-2 dec alone"),
+             ("ring SS: independent dec | SS mma x3", "SS mma x3 alone", "wg1-2 dec alone")]
     for both, x, y in pairs:
         lo, hi = max(res[x], res[y]), res[x] + res[y]
         print(f"  {both:26s}: {1e3 * res[both]:7.1f} ns; parts {1e3 * res[x]:.1f} + {1e3 * res[y]:.1f}: "
