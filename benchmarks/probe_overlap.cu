@@ -55,6 +55,87 @@ __device__ __forceinline__ void decode16(int it, uint32_t table_s, uint32_t w_s,
   }
 }
 
+// Modes 24-29 (session 45): the decode variants below with the wgmma issued first (kFirst: the decode sits in a
+// branch on a run-time true flag, so ptxas cannot move it between the 4 wgmma as it does in modes 2 and 4; the
+// production kernel's copies and branches do the same), to tell shared-memory bandwidth from instruction count:
+// kKind 0 = dec, 1 = alu, 2 = dec16 (4-byte entries: one LDS.32 of an fp16 pair per byte from 32 lane copies, two
+// conversions to float32: half the table's wavefronts, two more instructions per pair), 3 = dec with every lane's
+// lookup at one address (a broadcast: one wavefront per LDS.64 instead of two, the same instructions; wrong values).
+template <int kKind>
+__device__ __forceinline__ void decode16k(int it, uint32_t table_s, uint32_t w_s, int tid, uint32_t zero,
+                                          uint32_t (&g)[16]) {
+  if constexpr (kKind <= 1) {
+    decode16<kKind == 1>(it, table_s, w_s, tid, g);
+  } else {
+    const int lane = tid & 31, t = lane & 3;
+    const uint32_t lane_off = kKind == 2 ? 4u * lane : 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
+    const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
+    const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);
+    const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
+    const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
+    const uint32_t w[16] = {a0.x, b0.x, a0.y, b0.y, a0.z, b0.z, a0.w, b0.w, a1.x, b1.x, a1.y, b1.y, a1.z, b1.z, a1.w, b1.w};
+#pragma unroll
+    for (int s = 0; s < 16; ++s) {
+      const float a = (s & 1) ? sb : sa;
+      const uint32_t addr = table_s + (__byte_perm(w[s], lane_off, sel) & zero);
+      float hi, lo;
+      if constexpr (kKind == 2) {
+        uint32_t h2;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(h2) : "r"(addr));
+        hi = __half2float(__ushort_as_half(static_cast<unsigned short>(h2 & 0xffffu)));
+        lo = __half2float(__ushort_as_half(static_cast<unsigned short>(h2 >> 16)));
+      } else {
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(hi), "=f"(lo) : "r"(addr));
+      }
+      g[s] = Pair<__nv_bfloat16>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
+    }
+  }
+}
+
+template <int kKind, bool kMma>
+__device__ __forceinline__ uint32_t first_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid) {
+  const uint64_t desc0 = desc_sw128(x_s);
+  // run-time values the compilers cannot see (iters > 0): go = 1 (the branch that keeps the decode after the wgmma),
+  // zero = 0 for the broadcast lookups, ~0 otherwise
+  uint32_t go, zero;
+  asm volatile("mov.u32 %0, %1;\n" : "=r"(go) : "r"(iters > 0 ? 1u : 0u));
+  asm volatile("mov.u32 %0, %1;\n" : "=r"(zero) : "r"(kKind == 3 ? static_cast<uint32_t>(iters >> 31) : ~0u));
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  uint32_t fa[16], fb[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0x3c003c00u + i + tid;
+  auto work = [&](int it, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
+    if constexpr (kMma) {
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        Wgmma<__nv_bfloat16, 128>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
+                                       desc0 + static_cast<uint32_t>((32 * s) >> 4));
+      wgmma_commit();
+    }
+    if (go) decode16k<kKind>(it, table_s, w_s, tid, zero, nxt);
+    if constexpr (kMma) {
+      wgmma_wait<0>();
+      fence_acc(acc);
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]), "r"(nxt[r]) : "memory");
+  };
+  for (int it = 0; it < iters; it += 2) {
+    work(it, fa, fb);
+    work(it + 1, fb, fa);
+  }
+  uint32_t v = 0;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) v ^= __float_as_uint(acc[i]);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v ^= fa[i];
+  return v;
+}
+
 // one warpgroup's loop: kMma (kReps groups of 4 wgmma per wait), kDec / kAlu (the next iteration's fragments)
 // kTurns: the warpgroups take turns at the tensor cores (named barrier 1 + w: warpgroup w's turn; it waits for it,
 // issues, waits for its wgmma and hands the turn on, then decodes), so that their wgmma are not interleaved
@@ -122,7 +203,10 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink) {
   fill(table_s, x_s, tid);
   __syncthreads();
   uint32_t v = 0;
-  if constexpr (kMode == 10) {
+  if constexpr (kMode >= 24) {  // 24 mma + dec, 25 mma + alu, 26 dec16, 27 mma + dec16, 28 mma + dec bcast, 29 dec bcast
+    constexpr int kKind = kMode == 24 ? 0 : kMode == 25 ? 1 : kMode <= 27 ? 2 : 3;
+    v = first_loop<kKind, kMode != 26 && kMode != 29>(iters, table_s, x_s, w_s, tid);
+  } else if constexpr (kMode == 10) {
     v = run_loop<true, true, false, 1, true>(iters, table_s, x_s, w_s, tid);
   } else if constexpr (kMode == 11) {
     v = run_loop<true, false, false, 1, true>(iters, table_s, x_s, w_s, tid);
@@ -346,6 +430,12 @@ extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, vo
     case 23: return launch_ring<4, false, false, false,
                                 probe_overlap::kSS | probe_overlap::kNoSync | probe_overlap::kNoStore | probe_overlap::kNoDec>(
         iters, blocks, sink, stream);
+    case 24: return launch<24>(iters, blocks, sink, stream);
+    case 25: return launch<25>(iters, blocks, sink, stream);
+    case 26: return launch<26>(iters, blocks, sink, stream);
+    case 27: return launch<27>(iters, blocks, sink, stream);
+    case 28: return launch<28>(iters, blocks, sink, stream);
+    case 29: return launch<29>(iters, blocks, sink, stream);
   }
   return -2;
 }
