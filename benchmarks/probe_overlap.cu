@@ -256,7 +256,7 @@ __device__ __forceinline__ void wgmma_ss128(float (&d)[64], uint64_t desc_a, uin
 // group 2's, row group 1's again: the tensor work of "wg0 mma x3") with one wait. 12 / 13: ring of 2 / 4, decode;
 // 14: ring of 4, decode, the MMA warpgroup loads the fragments one iteration ahead (double registers); 15: ring of
 // 4, alu; 16 / 17: 13 / 14 with one polling lane per decode warp (the others wait at __syncwarp).
-// Modes 18-23 (written in session 44, not yet run): mode 13 with parts taken out (kParts bits: kNoSync no barriers,
+// Modes 18-23 (written in session 44, run in session 45): mode 13 with parts taken out (kParts bits: kNoSync no barriers,
 // kNoStore no decoder stores, kNoLoad constant fragments in the MMA warpgroup, kSS the MMA reads A from the ring by
 // descriptor (SS wgmma; the slot released after the wait), kNoDec the decode warpgroups idle): 18 loads only
 // (no barriers, no stores), 19 barriers only, 20 stores only, 21 SS with the full hand-over, 22 SS with independent
