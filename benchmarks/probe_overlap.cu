@@ -72,6 +72,9 @@ __device__ __forceinline__ void decode16(int it, uint32_t table_s, uint32_t w_s,
 // kKind 0 = dec, 1 = alu, 2 = dec16 (4-byte entries: one LDS.32 of an fp16 pair per byte from 32 lane copies, two
 // conversions to float32: half the table's wavefronts, two more instructions per pair), 3 = dec with every lane's
 // lookup at one address (a broadcast: one wavefront per LDS.64 instead of two, the same instructions; wrong values).
+// Modes 30-32: modes 24 / 24 / 25 with the warpgroups started out of phase (warpgroup w decodes w x 1 / 2 / 1 times
+// first): whether
+// the lockstep of modes 2 / 24 is only where they start (a fair-sharing tensor pipe keeps any phase offset).
 template <int kKind>
 __device__ __forceinline__ void decode16k(int it, uint32_t table_s, uint32_t w_s, int tid, uint32_t zero,
                                           uint32_t (&g)[16]) {
@@ -103,7 +106,7 @@ __device__ __forceinline__ void decode16k(int it, uint32_t table_s, uint32_t w_s
   }
 }
 
-template <int kKind, bool kMma>
+template <int kKind, bool kMma, int kStagger = 0>
 __device__ __forceinline__ uint32_t first_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid,
                                               int never) {
   const uint64_t desc0 = desc_sw128(x_s);
@@ -137,6 +140,13 @@ __device__ __forceinline__ uint32_t first_loop(int iters, uint32_t table_s, uint
     for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]), "r"(nxt[r]) : "memory");
     keep16(nxt, never, w_s);
   };
+  if constexpr (kStagger > 0) {  // warpgroup w first decodes w x kStagger times: the warpgroups start out of phase
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    for (int j = 0; j < wg * kStagger; ++j) {
+      decode16k<kKind>(j, table_s, w_s, tid, zero, fb);
+      keep16(fb, never, w_s);
+    }
+  }
   for (int it = 0; it < iters; it += 2) {
     work(it, fa, fb);
     work(it + 1, fb, fa);
@@ -218,7 +228,9 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink, int
   fill(table_s, x_s, tid);
   __syncthreads();
   uint32_t v = 0;
-  if constexpr (kMode >= 24) {  // 24 mma + dec, 25 mma + alu, 26 dec16, 27 mma + dec16, 28 mma + dec bcast, 29 dec bcast
+  if constexpr (kMode >= 30) {  // 30 / 31: mode 24 with the warpgroups started 1 / 2 decodes apart; 32: mode 25, 1 apart
+    v = first_loop<kMode == 32 ? 1 : 0, true, kMode == 31 ? 2 : 1>(iters, table_s, x_s, w_s, tid, never);
+  } else if constexpr (kMode >= 24) {  // 24 mma + dec, 25 mma + alu, 26 dec16, 27 mma + dec16, 28 mma + dec bcast, 29 dec bcast
     constexpr int kKind = kMode == 24 ? 0 : kMode == 25 ? 1 : kMode <= 27 ? 2 : 3;
     v = first_loop<kKind, kMode != 26 && kMode != 29>(iters, table_s, x_s, w_s, tid, never);
   } else if constexpr (kMode == 10) {
@@ -452,6 +464,9 @@ extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, vo
     case 27: return launch<27>(iters, blocks, sink, stream);
     case 28: return launch<28>(iters, blocks, sink, stream);
     case 29: return launch<29>(iters, blocks, sink, stream);
+    case 30: return launch<30>(iters, blocks, sink, stream);
+    case 31: return launch<31>(iters, blocks, sink, stream);
+    case 32: return launch<32>(iters, blocks, sink, stream);
   }
   return -2;
 }
