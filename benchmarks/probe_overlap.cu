@@ -106,67 +106,23 @@ __device__ __forceinline__ void decode16k(int it, uint32_t table_s, uint32_t w_s
   }
 }
 
-template <int kKind, bool kMma, int kStagger = 0>
-__device__ __forceinline__ uint32_t first_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid,
-                                              int never) {
-  const uint64_t desc0 = desc_sw128(x_s);
-  // run-time values the compilers cannot see (iters > 0): go = 1 (the branch that keeps the decode after the wgmma),
-  // zero = 0 for the broadcast lookups, ~0 otherwise
-  uint32_t go, zero;
-  asm volatile("mov.u32 %0, %1;\n" : "=r"(go) : "r"(iters > 0 ? 1u : 0u));
-  asm volatile("mov.u32 %0, %1;\n" : "=r"(zero) : "r"(kKind == 3 ? static_cast<uint32_t>(iters >> 31) : ~0u));
-  float acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  uint32_t fa[16], fb[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0x3c003c00u + i + tid;
-  auto work = [&](int it, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
-    if constexpr (kMma) {
-      fence_acc(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-        Wgmma<__nv_bfloat16, 128>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3],
-                                       desc0 + static_cast<uint32_t>((32 * s) >> 4));
-      wgmma_commit();
-    }
-    if (go) decode16k<kKind>(it, table_s, w_s, tid, zero, nxt);
-    if constexpr (kMma) {
-      wgmma_wait<0>();
-      fence_acc(acc);
-    }
-#pragma unroll
-    for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]), "r"(nxt[r]) : "memory");
-    keep16(nxt, never, w_s);
-  };
-  if constexpr (kStagger > 0) {  // warpgroup w first decodes w x kStagger times: the warpgroups start out of phase
-    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    for (int j = 0; j < wg * kStagger; ++j) {
-      decode16k<kKind>(j, table_s, w_s, tid, zero, fb);
-      keep16(fb, never, w_s);
-    }
-  }
-  for (int it = 0; it < iters; it += 2) {
-    work(it, fa, fb);
-    work(it + 1, fb, fa);
-  }
-  uint32_t v = 0;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) v ^= __float_as_uint(acc[i]);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) v ^= fa[i];
-  return v;
-}
-
 // one warpgroup's loop: kMma (kReps groups of 4 wgmma per wait), kDec / kAlu (the next iteration's fragments)
 // kTurns: the warpgroups take turns at the tensor cores (named barrier 1 + w: warpgroup w's turn; it waits for it,
 // issues, waits for its wgmma and hands the turn on, then decodes), so that their wgmma are not interleaved
-template <bool kMma, bool kDec, bool kAlu, int kReps, bool kTurns = false>
+// kKind >= 0 (modes 24-32): the decode variant kKind of decode16k in a branch on a run-time true flag after the wgmma
+// are issued, warpgroup w starting after w x kStagger decodes
+template <bool kMma, bool kDec, bool kAlu, int kReps, bool kTurns = false, int kKind = -1, int kStagger = 0>
 __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid,
                                             int never) {
   const int wg = tid >> 7;
   const uint64_t desc0 = desc_sw128(x_s);
+  // run-time values the compilers cannot see (iters > 0): go = 1 (the branch that keeps the decode after the wgmma),
+  // zero = 0 for the broadcast lookups, ~0 otherwise
+  uint32_t go = 1, zero = ~0u;
+  if constexpr (kKind >= 0) {
+    asm volatile("mov.u32 %0, %1;\n" : "=r"(go) : "r"(iters > 0 ? 1u : 0u));
+    asm volatile("mov.u32 %0, %1;\n" : "=r"(zero) : "r"(kKind == 3 ? static_cast<uint32_t>(iters >> 31) : ~0u));
+  }
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -194,7 +150,11 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
       fence_acc(acc);
       asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % 3) : "memory");
     }
-    if constexpr (kDec || kAlu) decode16<kAlu>(it, table_s, w_s, tid, nxt);
+    if constexpr (kKind >= 0) {
+      if (go) decode16k<kKind>(it, table_s, w_s, tid, zero, nxt);
+    } else if constexpr (kDec || kAlu) {
+      decode16<kAlu>(it, table_s, w_s, tid, nxt);
+    }
     if constexpr (kMma) {
       wgmma_wait<0>();
       fence_acc(acc);
@@ -203,6 +163,13 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
     for (int r = 0; r < 16; ++r) asm volatile("" ::"r"(cur[r]), "r"(nxt[r]) : "memory");
     keep16(nxt, never, w_s);
   };
+  if constexpr (kStagger > 0) {  // warpgroup w first decodes w x kStagger times: the warpgroups start out of phase
+    const int wgu = __shfl_sync(0xffffffffu, wg, 0);
+    for (int j = 0; j < wgu * kStagger; ++j) {
+      decode16k<kKind>(j, table_s, w_s, tid, zero, fb);
+      keep16(fb, never, w_s);
+    }
+  }
   for (int it = 0; it < iters; it += 2) {
     work(it, fa, fb);
     work(it + 1, fb, fa);
@@ -229,10 +196,11 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink, int
   __syncthreads();
   uint32_t v = 0;
   if constexpr (kMode >= 30) {  // 30 / 31: mode 24 with the warpgroups started 1 / 2 decodes apart; 32: mode 25, 1 apart
-    v = first_loop<kMode == 32 ? 1 : 0, true, kMode == 31 ? 2 : 1>(iters, table_s, x_s, w_s, tid, never);
+    v = run_loop<true, false, false, 1, false, kMode == 32 ? 1 : 0, kMode == 31 ? 2 : 1>(iters, table_s, x_s, w_s,
+                                                                                      tid, never);
   } else if constexpr (kMode >= 24) {  // 24 mma + dec, 25 mma + alu, 26 dec16, 27 mma + dec16, 28 mma + dec bcast, 29 dec bcast
     constexpr int kKind = kMode == 24 ? 0 : kMode == 25 ? 1 : kMode <= 27 ? 2 : 3;
-    v = first_loop<kKind, kMode != 26 && kMode != 29>(iters, table_s, x_s, w_s, tid, never);
+    v = run_loop<kMode != 26 && kMode != 29, false, false, 1, false, kKind>(iters, table_s, x_s, w_s, tid, never);
   } else if constexpr (kMode == 10) {
     v = run_loop<true, true, false, 1, true>(iters, table_s, x_s, w_s, tid, never);
   } else if constexpr (kMode == 11) {
