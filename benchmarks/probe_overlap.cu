@@ -185,6 +185,58 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
   return v;
 }
 
+// m64n128k16 with A and B from shared memory (descriptors): the SS form (modes 21-23, 33-35)
+__device__ __forceinline__ void wgmma_ss128(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+// Modes 33-35 (session 45): the SS form inside each warpgroup, with no hand-over between warpgroups. Each warpgroup
+// issues 4 SS wgmma m64n128k16 with A its own 64 x 64 tile in one of its two 8 KiB slots, then decodes the next
+// iteration's fragments (33: dec, 34: alu), stores them to the other slot (4 x 16-byte stores per thread; the layout
+// is not the swizzled one, timing only), makes them visible to the tensor cores (fence.proxy.async) and, after its
+// wait, meets its 127 partners at its named barrier. 35: the 4 SS wgmma alone in every warpgroup.
+constexpr int kSelfSlot = 8192;
+template <int kKind>  // kKind < 0: no decode, no stores
+__device__ __forceinline__ uint32_t ss_self_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, uint32_t a_s,
+                                                 int tid, int wg, int never) {
+  const uint64_t desc0 = desc_sw128(x_s);
+  const int l = tid & 127;
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  uint32_t g[16];
+  for (int it = 0; it < iters; ++it) {
+    const uint32_t cur = a_s + (2 * wg + (it & 1)) * kSelfSlot, nxt = a_s + (2 * wg + ((it + 1) & 1)) * kSelfSlot;
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      wgmma_ss128(acc, desc_sw128(cur) + static_cast<uint32_t>((32 * s) >> 4), desc0 + static_cast<uint32_t>((32 * s) >> 4));
+    wgmma_commit();
+    if constexpr (kKind >= 0) {
+      decode16k<kKind>(it, table_s, w_s, tid, ~0u, g);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(nxt + 16 * (l + 128 * q)), "r"(g[4 * q]),
+                     "r"(g[4 * q + 1]), "r"(g[4 * q + 2]), "r"(g[4 * q + 3]) : "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    if constexpr (kKind >= 0) asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+  }
+  uint32_t v = 0;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) v ^= __float_as_uint(acc[i]);
+  return v;
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink, int never) {
   extern __shared__ uint8_t smem_raw[];
@@ -195,7 +247,9 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink, int
   fill(table_s, x_s, tid);
   __syncthreads();
   uint32_t v = 0;
-  if constexpr (kMode >= 30) {  // 30 / 31: mode 24 with the warpgroups started 1 / 2 decodes apart; 32: mode 25, 1 apart
+  if constexpr (kMode >= 33) {
+    v = ss_self_loop<kMode == 33 ? 0 : kMode == 34 ? 1 : -1>(iters, table_s, x_s, w_s, w_s + kW, tid, wg, never);
+  } else if constexpr (kMode >= 30) {  // 30 / 31: mode 24 with the warpgroups started 1 / 2 decodes apart; 32: mode 25, 1 apart
     v = run_loop<true, false, false, 1, false, kMode == 32 ? 1 : 0, kMode == 31 ? 2 : 1>(iters, table_s, x_s, w_s,
                                                                                       tid, never);
   } else if constexpr (kMode >= 24) {  // 24 mma + dec, 25 mma + alu, 26 dec16, 27 mma + dec16, 28 mma + dec bcast, 29 dec bcast
@@ -217,16 +271,6 @@ __global__ void __launch_bounds__(384, 1) overlap(int iters, uint32_t* sink, int
   atomicOr(sink + (blockIdx.x & 1023), v);
 }
 
-// m64n128k16 with A and B from shared memory (descriptors): the SS form (modes 21-22)
-__device__ __forceinline__ void wgmma_ss128(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
-}
 
 // Modes 12-15: the split form with the hand-over a real kernel needs. Warpgroups 1-2 decode (mode 15: alu) the next
 // iteration's fragments of "their" 64 rows and store them to a ring of kDepth slots in shared memory (slot: producer
@@ -370,14 +414,15 @@ __global__ void __launch_bounds__(384, 1) ring_overlap(int iters, uint32_t* sink
 
 template <int kMode>
 int launch(int iters, int blocks, void* sink, void* stream) {
+  constexpr int smem = probe_overlap::kSmem + (kMode >= 33 ? 6 * probe_overlap::kSelfSlot : 0);
   static bool ready = false;
   if (!ready) {
-    if (cudaFuncSetAttribute(probe_overlap::overlap<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             probe_overlap::kSmem) != cudaSuccess)
+    if (cudaFuncSetAttribute(probe_overlap::overlap<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+        cudaSuccess)
       return -1;
     ready = true;
   }
-  probe_overlap::overlap<kMode><<<blocks, 384, probe_overlap::kSmem, static_cast<cudaStream_t>(stream)>>>(
+  probe_overlap::overlap<kMode><<<blocks, 384, smem, static_cast<cudaStream_t>(stream)>>>(
       iters, static_cast<uint32_t*>(sink), 0);
   return static_cast<int>(cudaGetLastError());
 }
@@ -435,6 +480,9 @@ extern "C" int probe_overlap_run(int mode, int iters, int blocks, void* sink, vo
     case 30: return launch<30>(iters, blocks, sink, stream);
     case 31: return launch<31>(iters, blocks, sink, stream);
     case 32: return launch<32>(iters, blocks, sink, stream);
+    case 33: return launch<33>(iters, blocks, sink, stream);
+    case 34: return launch<34>(iters, blocks, sink, stream);
+    case 35: return launch<35>(iters, blocks, sink, stream);
   }
   return -2;
 }

@@ -19,7 +19,7 @@ MODES = ["mma", "dec", "mma+dec", "alu", "mma+alu", "wg0 mma x3 | wg1-2 dec", "w
          "ring parts: decoder stores only", "ring SS: dec -> SS mma x3", "ring SS: independent dec | SS mma x3",
          "SS mma x3 alone", "first: mma+dec", "first: mma+alu", "dec16 alone", "first: mma+dec16",
          "first: mma+dec bcast", "dec bcast alone", "first: mma+dec, stagger 1", "first: mma+dec, stagger 2",
-         "first: mma+alu, stagger 1"]
+         "first: mma+alu, stagger 1", "SS self: mma+dec", "SS self: mma+alu", "SS self: mma alone"]
 
 
 def main():
@@ -72,7 +72,8 @@ def main():
              ("first: mma+dec", "mma", "dec"), ("first: mma+alu", "mma", "alu"),
              ("first: mma+dec16", "mma", "dec16 alone"), ("first: mma+dec bcast", "mma", "dec bcast alone"),
              ("first: mma+dec, stagger 1", "mma", "dec"), ("first: mma+dec, stagger 2", "mma", "dec"),
-             ("first: mma+alu, stagger 1", "mma", "alu")]
+             ("first: mma+alu, stagger 1", "mma", "alu"), ("SS self: mma+dec", "SS self: mma alone", "dec"),
+             ("SS self: mma+alu", "SS self: mma alone", "alu")]
     for both, x, y in pairs:
         if not all(k in res for k in (both, x, y)):
             continue
