@@ -505,11 +505,6 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8
   const uint32_t b = __byte_perm(w, lane8, sel);
   hi = __uint_as_float(0x3c000000u | (b << 4));
   lo = __uint_as_float(0x3c000000u | (b << 12));
-#elif defined(FASTNF4_WG_HALF_TABLE)  // experiment (session 45): fp16 code pairs, 4-byte entries, 32 lane copies
-  uint32_t h2;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(h2) : "r"(table_s + __byte_perm(w, lane8, sel)));
-  hi = __half2float(__ushort_as_half(static_cast<unsigned short>(h2 & 0xffffu)));
-  lo = __half2float(__ushort_as_half(static_cast<unsigned short>(h2 >> 16)));
 #else
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(hi), "=f"(lo) : "r"(table_s + __byte_perm(w, lane8, sel)));
 #endif
@@ -637,13 +632,8 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   {
     if (kThreads == 256 || tid < 256) {  // (one thread per table entry)
       const float hi = p.code[tid >> 4], lo = p.code[tid & 15];
-#if defined(FASTNF4_WG_HALF_TABLE)
-      constexpr bool kHalfTable = true;
-#else
-      constexpr bool kHalfTable = false;
-#endif
-      if constexpr (kFast || kHalfTable) {
-        const uint32_t pr = kFast ? Pair<T>::make(hi, lo) : Pair<__half>::make(hi, lo);
+      if constexpr (kFast) {
+        const uint32_t pr = Pair<T>::make(hi, lo);
 #pragma unroll
         for (int i = 0; i < 8; ++i)
           asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(table_s + 256 * tid + 16 * i), "r"(pr));
@@ -668,11 +658,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   auto hole = [](int h) { return static_cast<uint32_t>(256 * h + 128); };
   // the lane's two weight rows (local) and their statistics words
   const int ra = 64 * (warp >> 2) + 16 * (warp & 3) + g, rb = ra + 8;
-#if defined(FASTNF4_WG_HALF_TABLE)
-  const uint32_t lane_off = 4u * lane;
-#else
   const uint32_t lane_off = kFast ? 4u * lane : 8u * (lane & 15);  // this lane's copy in a table entry
-#endif
   const uint32_t sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const uint32_t wa_off = hole(ra >> 2) + 32 * (ra & 3), wb_off = hole(rb >> 2) + 32 * (rb & 3);
   const uint32_t qa_off = hole(kWHoles + (ra >> 5)) + 4 * (ra & 31), qb_off = hole(kWHoles + (rb >> 5)) + 4 * (rb & 31);
