@@ -40,58 +40,27 @@ __device__ __forceinline__ void keep16(const uint32_t (&g)[16], int never, uint3
   }
 }
 
-// iteration it's 16 fragments of this lane: the production decode (kAlu: the pair from the byte by ALU operations)
-template <bool kAlu>
-__device__ __forceinline__ void decode16(int it, uint32_t table_s, uint32_t w_s, int tid, uint32_t (&g)[16]) {
+// iteration it's 16 fragments of this lane. kKind 0 = dec, the production decode (wgmma.cu's decode_pair); 1 = alu,
+// the pair from the byte by ALU operations; and for modes 24-32 (session 45): 2 = dec16 (4-byte entries: one LDS.32
+// of an fp16 pair per byte from 32 lane copies, two conversions to float32: half the table's wavefronts, two more
+// instructions per pair), 3 = dec with every lane's lookup at one address (zero = 0: a broadcast, one wavefront per
+// LDS.64 instead of two, one more instruction; wrong values). zero is ~0 for the other kinds.
+template <int kKind>
+__device__ __forceinline__ void decode16(int it, uint32_t table_s, uint32_t w_s, int tid, uint32_t zero,
+                                         uint32_t (&g)[16]) {
   const int lane = tid & 31, t = lane & 3;
-  const uint32_t lane8 = 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
+  const uint32_t lane_off = kKind == 2 ? 4u * lane : 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
   const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
   const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);  // < 4096 - 32
   const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
   const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
   const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
   const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-  for (int s = 0; s < 8; ++s) {
-    if constexpr (!kAlu) {
-      g[2 * s] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wa[s], sa);
-      g[2 * s + 1] = decode_pair<__nv_bfloat16>(table_s, lane8, sel, wb[s], sb);
+  auto pair = [&](uint32_t w, float a) -> uint32_t {
+    if constexpr (kKind <= 1) {
+      return decode_pair<__nv_bfloat16>(table_s, lane_off, sel, w, a);
     } else {
-      const uint32_t ba = __byte_perm(wa[s], lane8, sel), bb = __byte_perm(wb[s], lane8, sel);
-      g[2 * s] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (ba << 4)) * sa,
-                                           __uint_as_float(0x3c000000u | (ba << 12)) * sa);
-      g[2 * s + 1] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (bb << 4)) * sb,
-                                               __uint_as_float(0x3c000000u | (bb << 12)) * sb);
-    }
-  }
-}
-
-// Modes 24-29 (session 45): the decode variants below with the wgmma issued first (kFirst: the decode sits in a
-// branch on a run-time true flag, so ptxas cannot move it between the 4 wgmma as it does in modes 2 and 4; the
-// production kernel's copies and branches do the same), to tell shared-memory bandwidth from instruction count:
-// kKind 0 = dec, 1 = alu, 2 = dec16 (4-byte entries: one LDS.32 of an fp16 pair per byte from 32 lane copies, two
-// conversions to float32: half the table's wavefronts, two more instructions per pair), 3 = dec with every lane's
-// lookup at one address (a broadcast: one wavefront per LDS.64 instead of two, the same instructions; wrong values).
-// Modes 30-32: modes 24 / 24 / 25 with the warpgroups started out of phase (warpgroup w decodes w x 1 / 2 / 1 times
-// first): whether
-// the lockstep of modes 2 / 24 is only where they start (a fair-sharing tensor pipe keeps any phase offset).
-template <int kKind>
-__device__ __forceinline__ void decode16k(int it, uint32_t table_s, uint32_t w_s, int tid, uint32_t zero,
-                                          uint32_t (&g)[16]) {
-  if constexpr (kKind <= 1) {
-    decode16<kKind == 1>(it, table_s, w_s, tid, g);
-  } else {
-    const int lane = tid & 31, t = lane & 3;
-    const uint32_t lane_off = kKind == 2 ? 4u * lane : 8u * (lane & 15), sel = 0x5504u | (static_cast<uint32_t>(t) << 4);
-    const float sa = 1.0f + tid * 1e-3f, sb = 1.5f;
-    const uint32_t off = static_cast<uint32_t>((it & 63) * 64) + 32 * (lane >> 4);
-    const uint32_t wa_s = w_s + off, wb_s = w_s + (off ^ 2048u);
-    const uint4 a0 = lds128(wa_s), a1 = lds128(wa_s + 16), b0 = lds128(wb_s), b1 = lds128(wb_s + 16);
-    const uint32_t w[16] = {a0.x, b0.x, a0.y, b0.y, a0.z, b0.z, a0.w, b0.w, a1.x, b1.x, a1.y, b1.y, a1.z, b1.z, a1.w, b1.w};
-#pragma unroll
-    for (int s = 0; s < 16; ++s) {
-      const float a = (s & 1) ? sb : sa;
-      const uint32_t addr = table_s + (__byte_perm(w[s], lane_off, sel) & zero);
+      const uint32_t addr = table_s + (__byte_perm(w, lane_off, sel) & zero);
       float hi, lo;
       if constexpr (kKind == 2) {
         uint32_t h2;
@@ -101,16 +70,34 @@ __device__ __forceinline__ void decode16k(int it, uint32_t table_s, uint32_t w_s
       } else {
         asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(hi), "=f"(lo) : "r"(addr));
       }
-      g[s] = Pair<__nv_bfloat16>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
+      return Pair<__nv_bfloat16>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    if constexpr (kKind == 1) {  // (both bytes first: the order of session 44's SASS)
+      const uint32_t ba = __byte_perm(wa[s], lane_off, sel), bb = __byte_perm(wb[s], lane_off, sel);
+      g[2 * s] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (ba << 4)) * sa,
+                                           __uint_as_float(0x3c000000u | (ba << 12)) * sa);
+      g[2 * s + 1] = Pair<__nv_bfloat16>::make(__uint_as_float(0x3c000000u | (bb << 4)) * sb,
+                                               __uint_as_float(0x3c000000u | (bb << 12)) * sb);
+    } else {
+      g[2 * s] = pair(wa[s], sa);
+      g[2 * s + 1] = pair(wb[s], sb);
     }
   }
 }
 
+// Modes 24-32 (session 45) pass kKind to run_loop: the decode then sits in a branch on a run-time true flag after the
+// 4 wgmma are issued (in modes 2 and 4 ptxas moved it between the first and the second; the production kernel's
+// copies and branches keep it after them too), to tell shared-memory traffic from instruction count. Modes 30-32:
+// modes 24 / 24 / 25 with the warpgroups started out of phase (warpgroup w first decodes w x 1 / 2 / 1 times):
+// whether the lockstep of modes 2 / 24 is only where they start (a fair-sharing tensor pipe keeps a phase offset).
 // one warpgroup's loop: kMma (kReps groups of 4 wgmma per wait), kDec / kAlu (the next iteration's fragments)
 // kTurns: the warpgroups take turns at the tensor cores (named barrier 1 + w: warpgroup w's turn; it waits for it,
 // issues, waits for its wgmma and hands the turn on, then decodes), so that their wgmma are not interleaved
-// kKind >= 0 (modes 24-32): the decode variant kKind of decode16k in a branch on a run-time true flag after the wgmma
-// are issued, warpgroup w starting after w x kStagger decodes
+// kKind >= 0 (modes 24-32): the decode variant kKind in a branch on a run-time true flag after the wgmma are issued,
+// warpgroup w starting after w x kStagger decodes
 template <bool kMma, bool kDec, bool kAlu, int kReps, bool kTurns = false, int kKind = -1, int kStagger = 0>
 __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32_t x_s, uint32_t w_s, int tid,
                                             int never) {
@@ -151,9 +138,9 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
       asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % 3) : "memory");
     }
     if constexpr (kKind >= 0) {
-      if (go) decode16k<kKind>(it, table_s, w_s, tid, zero, nxt);
+      if (go) decode16<kKind>(it, table_s, w_s, tid, zero, nxt);
     } else if constexpr (kDec || kAlu) {
-      decode16<kAlu>(it, table_s, w_s, tid, nxt);
+      decode16<kAlu ? 1 : 0>(it, table_s, w_s, tid, ~0u, nxt);
     }
     if constexpr (kMma) {
       wgmma_wait<0>();
@@ -166,7 +153,7 @@ __device__ __forceinline__ uint32_t run_loop(int iters, uint32_t table_s, uint32
   if constexpr (kStagger > 0) {  // warpgroup w first decodes w x kStagger times: the warpgroups start out of phase
     const int wgu = __shfl_sync(0xffffffffu, wg, 0);
     for (int j = 0; j < wgu * kStagger; ++j) {
-      decode16k<kKind>(j, table_s, w_s, tid, zero, fb);
+      decode16<kKind>(j, table_s, w_s, tid, zero, fb);
       keep16(fb, never, w_s);
     }
   }
@@ -220,7 +207,7 @@ __device__ __forceinline__ uint32_t ss_self_loop(int iters, uint32_t table_s, ui
       wgmma_ss128(acc, desc_sw128(cur) + static_cast<uint32_t>((32 * s) >> 4), desc0 + static_cast<uint32_t>((32 * s) >> 4));
     wgmma_commit();
     if constexpr (kKind >= 0) {
-      decode16k<kKind>(it, table_s, w_s, tid, ~0u, g);
+      decode16<kKind>(it, table_s, w_s, tid, ~0u, g);
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(nxt + 16 * (l + 128 * q)), "r"(g[4 * q]),
@@ -368,7 +355,7 @@ __device__ __forceinline__ uint32_t ring_loop(int iters, uint32_t table_s, uint3
   for (int it = 0; it < iters; ++it) {
     const int slot = it % kDepth;
     uint32_t g[16];
-    decode16<kAlu>(it, table_s, w_s, tid, g);
+    decode16<kAlu ? 1 : 0>(it, table_s, w_s, tid, ~0u, g);
     if ((kParts & kNoSync) == 0 && it >= kDepth) {
       if constexpr (kLeader) {  // one lane per warp polls the barrier, the others wait at the warp barrier
         if (lane == 0) mbar_wait(empty + 8 * slot, ((it / kDepth) - 1) & 1);
