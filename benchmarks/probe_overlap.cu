@@ -1,4 +1,5 @@
-// Does the decode work of the wgmma kernel run under its tensor-core work on Hopper? (session 44)
+// Does the decode work of the wgmma kernel run under its tensor-core work on Hopper? (sessions 44-45; modes 24-35 are
+// described at decode16, run_loop and ss_self_loop below)
 // One block of 3 warpgroups per SM, every block the same loop of `iters` iterations; what each warpgroup does per
 // iteration depends on the mode (benchmarks/probe_overlap.py times each and compares with the parts alone):
 //   mma   4 wgmma m64n128k16 (bf16, A from registers, B a 128 x 64 swizzled tile in shared memory), then wait
@@ -9,7 +10,8 @@
 // Modes: 0 mma, 1 dec, 2 mma + dec in every warpgroup (the production step: wgmma issued, next decode, wait),
 // 3 alu, 4 mma + alu, 5 warpgroup 0 mma x 3 (12 wgmma per wait), warpgroups 1-2 dec, 6 the same with alu,
 // 7 warpgroup 0 mma x 3 alone, 8 warpgroups 1-2 dec alone, 9 warpgroups 1-2 alu alone, 10 mma + dec with the
-// warpgroups taking turns at the tensor cores (kTurns), 11 mma alone taking turns. All results are thrown away (timing only); each block ORs its registers into sink.
+// warpgroups taking turns at the tensor cores (kTurns), 11 mma alone taking turns. All results are thrown away
+// (timing only; keep16 stops ptxas from deleting them); each block ORs its registers into sink.
 #include "../fastnf4/ops/matmul/wgmma.cu"
 
 namespace probe_overlap {
