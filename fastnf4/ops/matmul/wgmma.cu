@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   const int w_stride = w_ok ? kStep / 2 : 0;
   const bool run_q64 = quad && lb == 6;
   const long long s_e0 = (s_rowk >> 6) + s_begin;
-  const uint8_t* w_it = w_ok ? w_src + s_begin * (kStep / 2) : p.packed;  // + 32 bytes per step
+  const uint8_t* w_it = w_base;  // + 32 bytes per step
   const uint8_t* s_it = static_cast<const uint8_t*>(p.absmax) + (kNested ? s_e0 : 4 * s_e0);  // + 1 / 4 bytes per step
   int i0 = 0;
   const uint32_t w_dst_abs = kRun ? pin32(table_s + w_dst) : 0u;
@@ -726,7 +726,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     if (!checked || u < nsteps) {
       const long long k0 = kstep(u) * kStep;
       const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
-      bool stats_done = false;
 #if !defined(FASTNF4_WG_NO_WCOPY)  // diagnostic: no weight copies (the decode reads stale stages; wrong results)
       if constexpr (kRun) {
         cp_async16(w_dst_abs + static_cast<uint32_t>(slot * kHoles * 256), w_it + rel * (kStep / 2), w_ok ? 16 : 0);
@@ -747,9 +746,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
             cp_async16(dst, s_it + 4 * rel, 16);
           }
         }
-        stats_done = true;
-      }
-      if (!stats_done && s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
+      } else if (s_on && (!quad || (u & 3) == 0)) {  // quads: once per 4 steps, for steps u .. u + 3
         const long long blk = (s_rowk + k0) >> p.log2_blocksize;
         const uint32_t dst = quad ? quad_at(u) + (kNested ? (s_nab ? 4 * kBN : 0) + 4 * sr : 16 * sr) : ws + s_dst;
         if constexpr (kNested) {
