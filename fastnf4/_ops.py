@@ -113,8 +113,8 @@ def _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, n
             else:  # the interpreter
                 kernel.launch(packed, absmax, code, out, blocksize, numel, nested_code, nested_absmax, offset,
                               nested_blocksize, manual_bf16=True)
-    else:
-        out.copy_(
+    else:  # (out is contiguous, of any shape with numel elements: check_out)
+        out.view(-1).copy_(
             dq_naive.dequantize(
                 packed, absmax, code, blocksize, numel, out.dtype, nested_code, nested_absmax, offset, nested_blocksize
             )
@@ -310,9 +310,10 @@ linear_op = torch.library.custom_op("fastnf4::linear", _linear_impl, mutates_arg
 
 
 def plain_eager(t: torch.Tensor) -> bool:
-    """Whether a call on ``t`` may skip the custom op's dispatch: a plain tensor, no torch.compile / tracing, no
-    dispatch or function mode (profilers, FlopCounter, fake tensors) that must see the op."""
-    return (type(t) is torch.Tensor and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+    """Whether a call on ``t`` may skip the custom op's dispatch: a plain tensor with data (a meta tensor goes to the
+    op's fake implementation), no torch.compile / tracing, no dispatch or function mode (profilers, FlopCounter, fake
+    tensors) that must see the op."""
+    return (type(t) is torch.Tensor and not t.is_meta and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
             and not torch._C._len_torch_dispatch_stack() and not torch._C._is_torch_function_mode_enabled())
 
 

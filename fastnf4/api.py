@@ -1,12 +1,24 @@
 """The public Python API: ``quantize`` and ``dequantize`` over :class:`~fastnf4.format.NF4Weight`."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from . import _ops
 from .codebooks import NESTED_BLOCKSIZE, code_4bit, dynamic_map, kernel_code
 from .format import FLOAT_DTYPES, NF4Weight
 from .ops.matmul import eager as _eager
+
+
+def _int_arg(v, name: str) -> int:
+    """``v`` as a Python int (NumPy integers too); a bool, float or str is a TypeError naming ``name``."""
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}") from None
 
 
 def quantize(
@@ -19,10 +31,18 @@ def quantize(
     (-1.0 for NF4); an Inf makes its block's absmax Inf, so every finite element of that block decodes
     to NaN (code 0.0 times Inf) and the Inf itself to -Inf (Inf / Inf is NaN: code 0); with double quant
     the Inf absmax makes the offset (their mean) Inf and every element of the tensor decodes to NaN. An
-    all-zero block decodes to -0.0.
+    all-zero block decodes to -0.0, an all-NaN block to +FLT_MAX (its absmax is the max's start, -FLT_MAX).
+    Finite values near the float32 limit too: a block whose absmax is >= 2^126 decodes to zeros (bitsandbytes'
+    reciprocal of the absmax flushes to zero), and with double quant absmaxes summing past FLT_MAX make the
+    offset Inf and every element NaN (checked against bitsandbytes on the GPU).
     """
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"quantize takes a torch.Tensor, got {type(w).__name__}")
+    blocksize = _int_arg(blocksize, "blocksize")
+    if not isinstance(double_quant, (bool, int)):
+        raise TypeError(f"double_quant must be a bool, got {type(double_quant).__name__}")
+    if not isinstance(quant_type, str):
+        raise TypeError(f"quant_type must be a str, got {type(quant_type).__name__}")
     packed, absmax = _ops.quantize_4bit(w, blocksize, quant_type)
     common = dict(
         packed=packed.view(-1, 1), code=code_4bit(quant_type, w.device), blocksize=blocksize, shape=w.shape,
@@ -59,8 +79,17 @@ def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
     if dtype is not None and out.dtype != dtype:
         raise TypeError(f"out has dtype {out.dtype} but dtype={dtype} was asked for")
-    (_ops.dequantize_4bit_out_impl if direct and type(out) is torch.Tensor else _ops.dequantize_4bit_out)(
-        *args, *nested, out)
+    if torch.is_grad_enabled() and out.requires_grad:
+        # (as torch's own out= functions: an in-place write has no gradient to give back)
+        raise ValueError("out requires grad, but dequantize(out=...) writes in place and does not support automatic "
+                         "differentiation; pass an out that does not require grad, or call it under torch.no_grad()")
+    if direct and type(out) is torch.Tensor:
+        _ops.dequantize_4bit_out_impl(*args, *nested, out)
+        # what the op's dispatch does for a mutated argument: autograd then refuses a backward that saved the old values
+        if not out.is_inference():
+            torch.autograd.graph.increment_version(out)
+    else:
+        _ops.dequantize_4bit_out(*args, *nested, out)
     return out.view(q.shape)
 
 

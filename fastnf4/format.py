@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -29,6 +30,8 @@ from .ops.matmul.eager import forget as _forget_launches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TENSOR_FIELDS = ("packed", "absmax", "code", "nested_absmax", "nested_code", "offset")
+_FIELD_NAMES = frozenset(("packed", "absmax", "code", "blocksize", "shape", "dtype", "quant_type", "nested_absmax",
+                          "nested_code", "offset", "nested_blocksize"))
 _DTYPE_BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _NAME_BY_DTYPE = {v: k for k, v in _DTYPE_BY_NAME.items()}
 
@@ -76,11 +79,24 @@ class NF4Weight:
     def __post_init__(self) -> None:
         self.shape = torch.Size(self.shape)
         self.validate()
+        object.__setattr__(self, "_built", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # launches cached for this weight (ops/matmul/eager.py) hold its tensors' addresses and its plan
         _forget_launches(self)
-        object.__setattr__(self, name, value)
+        if not self.__dict__.get("_built") or name not in _FIELD_NAMES:
+            object.__setattr__(self, name, value)
+            return
+        # a field changed after construction: the weight is checked again as a whole, and the change undone if it
+        # breaks it (a quant_type or code that does not match the packed bytes would otherwise decode silently wrong)
+        old = self.__dict__[name]
+        object.__setattr__(self, name, torch.Size(value) if name == "shape" else value)
+        try:
+            self.validate()
+        except (TypeError, ValueError) as e:
+            object.__setattr__(self, name, old)
+            raise type(e)(f"NF4Weight.{name} = ... left an inconsistent weight ({e}); change several fields at "
+                          "once with dataclasses.replace(q, ...)") from None
 
     # ----------------------------------------------------------------------------------- properties
     @property
@@ -131,7 +147,9 @@ class NF4Weight:
         dev = self.packed.device
         _check_tensor(self.code, "code (quant_map)", torch.float32, 16, dev)
         # (not inside a CUDA-graph capture or a torch.compile trace: no host copy is legal / traceable there)
-        tracing = torch.compiler.is_compiling() or (self.code.is_cuda and torch.cuda.is_current_stream_capturing())
+        # (nor on the meta device, which has no values to compare)
+        tracing = (torch.compiler.is_compiling() or self.code.is_meta
+                   or (self.code.is_cuda and torch.cuda.is_current_stream_capturing()))
         if not tracing and not is_standard_code(self.code, self.quant_type):
             raise ValueError(f"code (quant_map) is not the standard {self.quant_type} table; fastnf4 decodes with the "
                              "standard table (as bitsandbytes' kernels do), so custom 4-bit tables are not supported")
@@ -164,6 +182,10 @@ class NF4Weight:
         return dataclasses.replace(self, **changes)
 
     def to(self, device: torch.device | str) -> "NF4Weight":
+        """This weight on ``device`` (a new NF4Weight; its tensors keep their dtypes)."""
+        if isinstance(device, torch.dtype):
+            raise TypeError(f"NF4Weight.to takes a device, got the dtype {device}: the 4-bit weight has no dtype to "
+                            "cast (fastnf4.dequantize(q, dtype=...) gives a dense tensor in a dtype)")
         return self.map_tensors(lambda t: t.to(device))
 
     def nbytes(self) -> int:
@@ -186,14 +208,20 @@ class NF4Weight:
         missing = [a for a in ("absmax", "code", "blocksize", "shape", "dtype", "quant_type") if not hasattr(qs, a)]
         if missing:
             raise TypeError(f"from_bnb needs a bitsandbytes QuantState, got {type(qs).__name__} (no {', '.join(missing)})")
+        if not isinstance(packed, torch.Tensor):
+            raise TypeError(f"packed must be a torch.Tensor, got {type(packed).__name__}")
         nested = bool(getattr(qs, "nested", False))
+        state2 = getattr(qs, "state2", None)
+        if nested and not all(hasattr(state2, a) for a in ("absmax", "code", "blocksize")):
+            raise TypeError("the QuantState is nested (double quantization) but its state2 is missing or is not a "
+                            f"QuantState (got {type(state2).__name__})")
         return cls(
-            packed=packed, absmax=qs.absmax, code=qs.code, blocksize=int(qs.blocksize),
+            packed=packed, absmax=qs.absmax, code=qs.code, blocksize=_int_field(qs.blocksize, "quant_state.blocksize"),
             shape=torch.Size(qs.shape), dtype=qs.dtype, quant_type=qs.quant_type,
-            nested_absmax=qs.state2.absmax if nested else None,
-            nested_code=qs.state2.code if nested else None,
+            nested_absmax=state2.absmax if nested else None,
+            nested_code=state2.code if nested else None,
             offset=_as_offset(qs.offset, packed.device) if nested else None,
-            nested_blocksize=int(qs.state2.blocksize) if nested else NESTED_BLOCKSIZE,
+            nested_blocksize=_int_field(state2.blocksize, "quant_state.state2.blocksize") if nested else NESTED_BLOCKSIZE,
         )
 
     def to_bnb(self) -> tuple[torch.Tensor, Any]:
@@ -225,6 +253,9 @@ class NF4Weight:
             "shape": list(self.shape),
         }
         if self.nested:
+            if self.offset.is_meta:
+                raise ValueError("state_dict needs the value of the double-quant offset, and this weight is on the meta "
+                                 "device (no values); move it to a real device first")
             fields.update(
                 nested_blocksize=self.nested_blocksize,
                 nested_dtype="float32",
@@ -275,7 +306,7 @@ class NF4Weight:
             if f not in fields:
                 raise ValueError(f"{qs_keys[0]} lacks the field {f!r}")
         shape = fields["shape"]
-        if not isinstance(shape, list) or not all(isinstance(s, int) for s in shape):
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
             raise ValueError(f"shape must be a list of ints, got {shape!r}")
 
         def get(full: str) -> torch.Tensor:
@@ -318,5 +349,22 @@ class MissingKeyError(KeyError):
 
 def _as_offset(offset: Any, device: torch.device) -> torch.Tensor:
     if isinstance(offset, torch.Tensor):
+        if offset.numel() != 1:
+            raise ValueError(f"quant_state.offset must hold one value, got shape {tuple(offset.shape)}")
         return offset.to(device=device, dtype=torch.float32).reshape(())
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        raise TypeError(f"quant_state.offset must be a tensor or a number, got {type(offset).__name__}")
     return torch.tensor(float(offset), dtype=torch.float32, device=device)
+
+
+def _int_field(v: Any, name: str) -> int:
+    """An integral field of a QuantState (a Python, NumPy or 0-dim tensor integer) as an int; anything else (64.7, "64",
+    True) is a TypeError naming it, not a silent truncation."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point() and v.dtype != torch.bool:
+        return int(v.item())
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {v!r}") from None

@@ -7,12 +7,13 @@ uses exactly the keys and tensors of bitsandbytes' ``Linear4bit`` (``weight``, `
 from __future__ import annotations
 
 import re
+from collections import abc
 from typing import Callable, Iterable
 
 import torch
 
 from .api import linear, quantize
-from .format import MissingKeyError, NF4Weight
+from .format import FLOAT_DTYPES, MissingKeyError, NF4Weight
 from .ops.matmul.eager import try_linear
 
 
@@ -28,6 +29,11 @@ class Linear4bit(torch.nn.Module):
             raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
         if len(weight.shape) != 2:
             raise ValueError(f"Linear4bit needs a 2-D weight, got shape {tuple(weight.shape)}")
+        if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},) for a weight of shape {tuple(weight.shape)}, "
+                             f"got {tuple(bias.shape)}")
+        if compute_dtype is not None and compute_dtype not in FLOAT_DTYPES:
+            raise TypeError(f"compute_dtype must be None or one of {FLOAT_DTYPES}, got {compute_dtype!r}")
         self.weight_nf4 = weight
         self.out_features, self.in_features = weight.shape
         self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
@@ -56,7 +62,8 @@ class Linear4bit(torch.nn.Module):
         dtype = self.compute_dtype
         if dtype is None:
             kind = "cuda" if x.is_cuda else x.device.type  # (is_cuda: a quarter of .device's host cost)
-            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else in_dtype
+            # (the meta device has no autocast: torch raises on the query)
+            dtype = torch.get_autocast_dtype(kind) if not x.is_meta and torch.is_autocast_enabled(kind) else in_dtype
         bias = self.bias.to(dtype) if self.bias is not None and self.bias.dtype != dtype else self.bias
         if in_dtype != dtype:
             x = x.to(dtype)
@@ -147,8 +154,24 @@ def quantize_model(model: torch.nn.Module, skip: Iterable[str] = DEFAULT_SKIP, b
     name matches ``skip`` (a module name, a name suffix or a regular expression; transformers keeps
     ``lm_head`` unquantized) or that ``filter_fn(name, module)`` rejects, and those whose weight is tied to another
     module's (as transformers does). Each layer is quantized on its own device, one at a time. Returns ``model``."""
-    skip = skip if isinstance(skip, str) else tuple(skip)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"quantize_model takes a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(skip, str):
+        skip = (skip,)
+    elif not isinstance(skip, abc.Iterable):
+        raise TypeError(f"skip must be a str or an iterable of str (pass () to quantize every layer), got {skip!r}")
+    skip = tuple(skip)
+    for p in skip:
+        if not isinstance(p, str):
+            raise TypeError(f"skip must hold str patterns, got {p!r}")
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise ValueError(f"skip pattern {p!r} is not a valid regular expression: {e}") from None
+    if compute_dtype is not None and compute_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"compute_dtype must be None or one of {FLOAT_DTYPES}, got {compute_dtype!r}")
     tied = _tied_linears(model)
+    chosen = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
@@ -156,6 +179,20 @@ def quantize_model(model: torch.nn.Module, skip: Iterable[str] = DEFAULT_SKIP, b
                 continue
             if filter_fn is not None and not filter_fn(full, child):
                 continue
-            setattr(module, child_name, Linear4bit.from_linear(child, blocksize, double_quant, quant_type, compute_dtype))
-            del child
+            chosen.append((module, child_name, full))
+    # what would make quantize fail is checked on every chosen layer before the first one is replaced, so a bad
+    # argument or layer leaves the model as it was; each layer is then quantized and swapped in turn (peak memory:
+    # one layer's quantized copy beside the model)
+    for module, child_name, full in chosen:
+        child = getattr(module, child_name)
+        if child.weight.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"layer {full}: quantize takes {FLOAT_DTYPES} weights, got {child.weight.dtype}")
+    for module, child_name, full in chosen:
+        child = getattr(module, child_name)
+        try:
+            new = Linear4bit.from_linear(child, blocksize, double_quant, quant_type, compute_dtype)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"layer {full}: {e}") from None
+        setattr(module, child_name, new)
+        del child
     return model

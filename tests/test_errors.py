@@ -7,6 +7,7 @@ import torch
 import fastnf4
 from fastnf4 import NF4Weight, _ops
 from fastnf4.codebooks import code_4bit
+from helpers import bits
 
 
 def good(**over):
@@ -185,3 +186,115 @@ def test_linear4bit_construction_and_state_dict_loading_are_checked():
     model.add_module("lm_head", torch.nn.Linear(64, 8))
     quantize_model(model, skip="lm_head")  # a name, not its letters
     assert isinstance(model.a, Linear4bit) and type(model.lm_head) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: fastnf4.quantize(torch.ones(64), blocksize=64.0), TypeError, "blocksize must be an int, got float"),
+    (lambda: fastnf4.quantize(torch.ones(64), blocksize="64"), TypeError, "blocksize must be an int, got str"),
+    (lambda: fastnf4.quantize(torch.ones(64), blocksize=True), TypeError, "blocksize must be an int, got bool"),
+    (lambda: fastnf4.quantize(torch.ones(64), double_quant="no"), TypeError, "double_quant must be a bool"),
+    (lambda: fastnf4.quantize(torch.ones(64), quant_type=None), TypeError, "quant_type must be a str"),
+    (lambda: fastnf4.quantize(torch.ones(8, 64)).to(torch.float16), TypeError, "takes a device, got the dtype"),
+])
+def test_argument_kinds_are_named(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()
+
+
+def test_numpy_integer_blocksize_is_an_int():
+    np = pytest.importorskip("numpy")
+    q = fastnf4.quantize(torch.randn(128), blocksize=np.int64(64))
+    assert type(q.blocksize) is int and q.blocksize == 64
+
+
+@pytest.mark.parametrize("field, value, exc, words", [
+    ("quant_type", "fp4", ValueError, "not the standard fp4 table"),  # NF4 bytes would decode with the FP4 table
+    ("code", torch.linspace(-1, 1, 16), ValueError, "not the standard nf4 table"),  # would be ignored by the kernels
+    ("blocksize", 32.0, TypeError, "blocksize must be an int"),
+    ("blocksize", 128, ValueError, "absmax has 2 elements, expected 1"),
+    ("shape", (4, 64), ValueError, "packed holds"),
+    ("dtype", torch.int8, TypeError, "dtype"),
+])
+def test_reassigned_fields_are_checked_and_undone(field, value, exc, words):
+    q = fastnf4.quantize(torch.randn(2, 64), double_quant=False)
+    ref = fastnf4.dequantize(q)
+    before = getattr(q, field)
+    with pytest.raises(exc, match=words):
+        setattr(q, field, value)
+    assert getattr(q, field) is before
+    assert torch.equal(bits(fastnf4.dequantize(q)), bits(ref))
+
+
+def test_consistent_reassignments_still_work():
+    import dataclasses
+
+    q = fastnf4.quantize(torch.randn(2, 64), double_quant=False)
+    ref = fastnf4.dequantize(q)
+    q.packed = q.packed.clone()
+    q.shape = (128,)  # the same elements, another shape
+    assert fastnf4.dequantize(q).shape == (128,) and torch.equal(fastnf4.dequantize(q).view(2, 64), ref)
+    q2 = dataclasses.replace(q, shape=torch.Size([4, 32]))  # several fields at once
+    assert torch.equal(fastnf4.dequantize(q2).view(2, 64), ref)
+
+
+def test_from_bnb_rejects_malformed_quant_states():
+    import types
+
+    q = fastnf4.quantize(torch.randn(8, 64))
+    good_qs = dict(absmax=q.absmax, code=q.code, blocksize=64, shape=q.shape, dtype=q.dtype, quant_type="nf4",
+                   nested=True, state2=types.SimpleNamespace(absmax=q.nested_absmax, code=q.nested_code, blocksize=256),
+                   offset=q.offset)
+    r = NF4Weight.from_bnb(q.packed, types.SimpleNamespace(**good_qs))
+    assert torch.equal(bits(fastnf4.dequantize(r)), bits(fastnf4.dequantize(q)))
+    for over, exc, words in [
+        (dict(blocksize=64.7), TypeError, "quant_state.blocksize must be an int"),  # not truncated to 64
+        (dict(blocksize="64"), TypeError, "quant_state.blocksize must be an int"),
+        (dict(state2=None), TypeError, "state2 is missing"),
+        (dict(offset=torch.tensor([1.0, 2.0])), ValueError, "offset must hold one value"),
+        (dict(offset=None), TypeError, "offset must be a tensor or a number"),
+    ]:
+        with pytest.raises(exc, match=words):
+            NF4Weight.from_bnb(q.packed, types.SimpleNamespace(**{**good_qs, **over}))
+    with pytest.raises(TypeError, match="packed must be a torch.Tensor"):
+        NF4Weight.from_bnb([1, 2], types.SimpleNamespace(**good_qs))
+
+
+def test_meta_device_weights_give_shapes_or_named_errors():
+    from fastnf4.nn import Linear4bit
+
+    q = fastnf4.quantize(torch.randn(8, 64)).to("meta")  # (the table check needs values: skipped on meta)
+    assert q.device.type == "meta" and fastnf4.dequantize(q).shape == (8, 64)
+    assert fastnf4.linear(torch.randn(3, 64, device="meta"), q).shape == (3, 8)
+    layer = Linear4bit.from_linear(torch.nn.Linear(64, 8)).to("meta")
+    assert layer(torch.randn(2, 5, 64, device="meta")).shape == (2, 5, 8)
+    with pytest.raises(ValueError, match="meta device"):
+        q.state_dict()
+
+
+def test_linear4bit_arguments_are_checked_at_construction():
+    from fastnf4.nn import Linear4bit
+
+    q = fastnf4.quantize(torch.randn(8, 64))
+    with pytest.raises(TypeError, match="compute_dtype must be"):
+        Linear4bit(q, compute_dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
+        Linear4bit(q, bias=torch.zeros(5))
+
+
+def test_quantize_model_checks_first_and_names_the_layer():
+    from fastnf4.nn import Linear4bit, quantize_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(8, 8).double())
+    with pytest.raises(TypeError, match="layer 1: quantize takes"):
+        quantize_model(model)
+    assert type(model[0]) is torch.nn.Linear  # nothing replaced
+    one = lambda: torch.nn.Sequential(torch.nn.Linear(64, 8))  # noqa: E731
+    for skip, exc, words in [(None, TypeError, "skip must be a str or an iterable"), ([1], TypeError, "str patterns"),
+                             (["(("], ValueError, "not a valid regular expression")]:
+        with pytest.raises(exc, match=words):
+            quantize_model(one(), skip=skip)
+    with pytest.raises(TypeError, match="takes a torch.nn.Module"):
+        quantize_model([torch.nn.Linear(64, 8)])
+    model = one()
+    quantize_model(model, skip=())
+    assert isinstance(model[0], Linear4bit)

@@ -84,3 +84,41 @@ def test_import_never_touches_a_gpu():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == fastnf4.__version__
+
+
+@pytest.mark.parametrize("path", ["kernel", "reference"])
+def test_dequantize_out_of_the_weights_shape(path, rng, monkeypatch):
+    """``out`` may have any shape with the right number of elements (the README's weight-shaped buffer), on the
+    Triton path and on the pure-PyTorch one (CPU without the interpreter, GPUs below sm_80)."""
+    if path == "reference":
+        monkeypatch.setattr(fastnf4._triton, "use_triton", lambda device: False)
+    elif not fastnf4._triton.use_triton(torch.device("cpu")):
+        pytest.skip("needs TRITON_INTERPRET=1")
+    q = fastnf4.quantize(random_weight(64 * 10, torch.bfloat16, rng).view(10, 64))
+    ref = fastnf4.dequantize(q)
+    for shape in [(10, 64), (640,), (640, 1), (2, 5, 64)]:
+        out = poisoned(shape, torch.bfloat16)
+        r = fastnf4.dequantize(q, out=out)
+        assert r.shape == (10, 64) and r.data_ptr() == out.data_ptr()
+        assert torch.equal(bits(out), bits(ref))
+
+
+def test_dequantize_out_and_autograd():
+    """dequantize(out=) writes in place: an out that requires grad is refused under grad mode, and a tensor that an
+    earlier op saved for backward is marked as changed (its backward then raises instead of using the new values)."""
+    q = fastnf4.quantize(torch.randn(512), double_quant=False)
+    a = torch.randn(512, requires_grad=True)
+    saved = torch.randn(512)
+    z = (a * saved).sum()  # saves ``saved`` for the gradient of a
+    fastnf4.dequantize(q, out=saved)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+    b = torch.randn(512, requires_grad=True)
+    o = b * 1.0
+    with pytest.raises(ValueError, match="out requires grad"):
+        fastnf4.dequantize(q, out=o)
+    with torch.no_grad():
+        fastnf4.dequantize(q, out=o)
+    assert torch.equal(bits(o), bits(fastnf4.dequantize(q)))
+    with torch.inference_mode():
+        fastnf4.dequantize(q, out=torch.empty(512))

@@ -195,3 +195,18 @@ def test_qlora_recipe_on_fastnf4_layers_gpu(tiny_llama_checkpoint):
     ids = torch.randint(0, 1000, (2, 32), device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
     losses = lm_train_losses(model, ids, lr=1e-3, steps=5)
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+def test_dequantize_out_in_place_is_seen_by_autograd():
+    """The eager CUDA path of dequantize(out=) (a prepared launch, no op dispatch) marks out as changed, as the op's
+    dispatch would: a backward that saved its old values raises; an out that requires grad is refused."""
+    q = fastnf4.quantize(torch.randn(64, 128, device="cuda", dtype=torch.bfloat16))
+    a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    saved = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    z = (a * saved).sum()
+    fastnf4.dequantize(q, out=saved)  # weight-shaped out
+    assert torch.equal(saved, fastnf4.dequantize(q))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+    with pytest.raises(ValueError, match="out requires grad"):
+        fastnf4.dequantize(q, out=a * 1.0)

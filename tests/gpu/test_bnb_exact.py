@@ -119,3 +119,37 @@ def test_int64_indexing_dequant():
     qq = fastnf4.quantize(w, blocksize=4096, double_quant=False)
     p, a = qn.quantize_4bit(w[s:], 4096)
     assert torch.equal(qq.packed_u8[s // 2:], p) and torch.equal(qq.absmax[s // 4096:], a)
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_huge_finite_values(quant_type):
+    """Finite values near the float32 limit, as bitsandbytes' CUDA kernels treat them: blocks whose absmax is at or
+    above 2^126 (where the kernel's reciprocal of the absmax flushes to zero), one at FLT_MAX, and, with double
+    quantization, absmax values whose mean overflows (offset Inf). The package and the pure-PyTorch reference must
+    give bitsandbytes' bytes and statistics, and the same decoded bits."""
+    from fastnf4.ops.quantize import naive
+
+    g = torch.Generator(device="cuda").manual_seed(126)
+    big = torch.finfo(torch.float32).max
+    for dt in (torch.float32, torch.bfloat16):
+        for overflow in (False, True):
+            w = torch.randn(64 * 48, device="cuda", generator=g)
+            w[0:64] *= 2.0**125  # absmax ~2^126-2^127: the reciprocal's edge
+            w[64:128] *= 3e37
+            w[128:192] = torch.linspace(-1.0, 1.0, 64, device="cuda") * 3.0e38
+            w[192] = big if dt == torch.float32 else 3.3e38  # (FLT_MAX rounds to Inf in bf16)
+            if overflow:  # 12 blocks of absmax ~3e38: their sum overflows float32
+                w[256:1024] = w[256:1024].clamp(-3.0, 3.0) * 1e38
+            w = w.to(dt)
+            assert torch.isfinite(w).all()
+            for blocksize in (64, 256):
+                for nested in (False, True):
+                    what = f"{dt} overflow={overflow} bs={blocksize} nested={nested} {quant_type}"
+                    packed, qs = F.quantize_4bit(w, blocksize=blocksize, compress_statistics=nested,
+                                                 quant_type=quant_type)
+                    q = fastnf4.quantize(w, blocksize=blocksize, double_quant=nested, quant_type=quant_type)
+                    assert_same_quantization(q, packed, qs, what)
+                    check_dequant(fastnf4.NF4Weight.from_bnb(packed, qs), packed, qs, what)
+                    if not nested:
+                        p, a = naive.quantize_4bit(w.reshape(-1), blocksize, quant_type)
+                        assert torch.equal(p, packed.reshape(-1)) and torch.equal(bits(a), bits(qs.absmax)), what
