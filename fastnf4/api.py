@@ -1,24 +1,12 @@
 """The public Python API: ``quantize`` and ``dequantize`` over :class:`~fastnf4.format.NF4Weight`."""
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from . import _ops
 from .codebooks import NESTED_BLOCKSIZE, code_4bit, dynamic_map, kernel_code
-from .format import FLOAT_DTYPES, NF4Weight
+from .format import FLOAT_DTYPES, NF4Weight, int_field
 from .ops.matmul import eager as _eager
-
-
-def _int_arg(v, name: str) -> int:
-    """``v`` as a Python int (NumPy integers too); a bool, float or str is a TypeError naming ``name``."""
-    if isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        return operator.index(v)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}") from None
 
 
 def quantize(
@@ -38,7 +26,7 @@ def quantize(
     """
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"quantize takes a torch.Tensor, got {type(w).__name__}")
-    blocksize = _int_arg(blocksize, "blocksize")
+    blocksize = int_field(blocksize, "blocksize")
     if not isinstance(double_quant, (bool, int)):
         raise TypeError(f"double_quant must be a bool, got {type(double_quant).__name__}")
     if not isinstance(quant_type, str):

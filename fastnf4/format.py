@@ -216,12 +216,12 @@ class NF4Weight:
             raise TypeError("the QuantState is nested (double quantization) but its state2 is missing or is not a "
                             f"QuantState (got {type(state2).__name__})")
         return cls(
-            packed=packed, absmax=qs.absmax, code=qs.code, blocksize=_int_field(qs.blocksize, "quant_state.blocksize"),
+            packed=packed, absmax=qs.absmax, code=qs.code, blocksize=int_field(qs.blocksize, "quant_state.blocksize"),
             shape=torch.Size(qs.shape), dtype=qs.dtype, quant_type=qs.quant_type,
             nested_absmax=state2.absmax if nested else None,
             nested_code=state2.code if nested else None,
             offset=_as_offset(qs.offset, packed.device) if nested else None,
-            nested_blocksize=_int_field(state2.blocksize, "quant_state.state2.blocksize") if nested else NESTED_BLOCKSIZE,
+            nested_blocksize=int_field(state2.blocksize, "quant_state.state2.blocksize") if nested else NESTED_BLOCKSIZE,
         )
 
     def to_bnb(self) -> tuple[torch.Tensor, Any]:
@@ -357,9 +357,9 @@ def _as_offset(offset: Any, device: torch.device) -> torch.Tensor:
     return torch.tensor(float(offset), dtype=torch.float32, device=device)
 
 
-def _int_field(v: Any, name: str) -> int:
-    """An integral field of a QuantState (a Python, NumPy or 0-dim tensor integer) as an int; anything else (64.7, "64",
-    True) is a TypeError naming it, not a silent truncation."""
+def int_field(v: Any, name: str) -> int:
+    """An integral argument or QuantState field (a Python, NumPy or one-element tensor integer) as an int; anything else
+    (64.7, "64", True) is a TypeError naming it, not a silent truncation."""
     if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point() and v.dtype != torch.bool:
         return int(v.item())
     if isinstance(v, bool):
@@ -367,4 +367,4 @@ def _int_field(v: Any, name: str) -> int:
     try:
         return operator.index(v)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {v!r}") from None
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}") from None
