@@ -32,8 +32,7 @@ class Linear4bit(torch.nn.Module):
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"bias must have shape ({weight.shape[0]},) for a weight of shape {tuple(weight.shape)}, "
                              f"got {tuple(bias.shape)}")
-        if compute_dtype is not None and compute_dtype not in FLOAT_DTYPES:
-            raise TypeError(f"compute_dtype must be None or one of {FLOAT_DTYPES}, got {compute_dtype!r}")
+        check_compute_dtype(compute_dtype)
         self.weight_nf4 = weight
         self.out_features, self.in_features = weight.shape
         self.bias = torch.nn.Parameter(bias, requires_grad=False) if bias is not None else None
@@ -126,6 +125,29 @@ class Linear4bit(torch.nn.Module):
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in own)
 
 
+def check_skip(skip) -> tuple[str, ...]:
+    """``skip`` (quantize_model, load_and_quantize) as a tuple of patterns; a TypeError / ValueError naming what is wrong
+    with it otherwise."""
+    if isinstance(skip, str):
+        skip = (skip,)
+    elif not isinstance(skip, abc.Iterable):
+        raise TypeError(f"skip must be a str or an iterable of str (pass () to quantize every layer), got {skip!r}")
+    skip = tuple(skip)
+    for p in skip:
+        if not isinstance(p, str):
+            raise TypeError(f"skip must hold str patterns, got {p!r}")
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise ValueError(f"skip pattern {p!r} is not a valid regular expression: {e}") from None
+    return skip
+
+
+def check_compute_dtype(compute_dtype) -> None:
+    if compute_dtype is not None and compute_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"compute_dtype must be None or one of {FLOAT_DTYPES}, got {compute_dtype!r}")
+
+
 def _matches(name: str, patterns: str | Iterable[str]) -> bool:
     """Whether ``name`` matches one of ``patterns`` (a module name, a name suffix or a regular expression; a single
     string is one pattern, not its letters)."""
@@ -156,20 +178,8 @@ def quantize_model(model: torch.nn.Module, skip: Iterable[str] = DEFAULT_SKIP, b
     module's (as transformers does). Each layer is quantized on its own device, one at a time. Returns ``model``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"quantize_model takes a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(skip, str):
-        skip = (skip,)
-    elif not isinstance(skip, abc.Iterable):
-        raise TypeError(f"skip must be a str or an iterable of str (pass () to quantize every layer), got {skip!r}")
-    skip = tuple(skip)
-    for p in skip:
-        if not isinstance(p, str):
-            raise TypeError(f"skip must hold str patterns, got {p!r}")
-        try:
-            re.compile(p)
-        except re.error as e:
-            raise ValueError(f"skip pattern {p!r} is not a valid regular expression: {e}") from None
-    if compute_dtype is not None and compute_dtype not in FLOAT_DTYPES:
-        raise TypeError(f"compute_dtype must be None or one of {FLOAT_DTYPES}, got {compute_dtype!r}")
+    skip = check_skip(skip)
+    check_compute_dtype(compute_dtype)
     tied = _tied_linears(model)
     chosen = []
     for name, module in list(model.named_modules()):

@@ -217,3 +217,12 @@ print("ok")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_one_device_type_may_be_given_as_a_string():
+    try:
+        assert fastnf4.patch_bitsandbytes("cpu") == fastnf4.patch_bitsandbytes(("cpu",))  # not its letters
+        with pytest.raises(ValueError, match=r"not \['tpu'\]"):
+            fastnf4.patch_bitsandbytes("tpu")
+    finally:
+        fastnf4.unpatch_bitsandbytes()

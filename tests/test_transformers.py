@@ -264,3 +264,144 @@ def test_other_architectures_round_trip(arch, tmp_path):
     save_quantized(q, str(tmp_path / "nf4"))
     ids = torch.randint(0, 96, (1, 9))
     assert torch.equal(logits(load_quantized(str(tmp_path / "nf4"), device="cpu"), ids), logits(q, ids))
+
+
+def _edit(path, change):
+    """Rewrite the checkpoint's model.safetensors with ``change(state dict)`` applied."""
+    from safetensors.torch import load_file, save_file
+
+    f = os.path.join(path, "model.safetensors")
+    sd = load_file(f)
+    change(sd)
+    save_file(sd, f, metadata={"format": "pt"})
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def test_tensors_of_another_shape_or_kind_are_refused(checkpoint, tmp_path):
+    """As transformers: a checkpoint tensor whose shape differs from the model's is an error naming it (it used to be
+    installed as it was: a (1,) norm weight broadcast silently), for plain tensors, 16-bit linears and 4-bit layers."""
+    _, path = checkpoint
+    nf4 = str(tmp_path / "nf4")
+    save_quantized(load_and_quantize(path, device="cpu"), nf4)
+    cases = [
+        ("model.norm.weight", lambda sd: sd.__setitem__("model.norm.weight", torch.full((1,), 2.0, dtype=torch.bfloat16)),
+         ValueError, r"model.norm.weight: the checkpoint's tensor has shape \(1,\), the model's \(64,\)"),
+        ("lm_head", lambda sd: sd.__setitem__("lm_head.weight", sd["lm_head.weight"][:48].clone()),
+         ValueError, r"lm_head.weight: the checkpoint's tensor has shape \(48, 64\)"),
+        ("norm int", lambda sd: sd.__setitem__("model.norm.weight", torch.ones(64, dtype=torch.int32)),
+         TypeError, "model.norm.weight: the checkpoint's tensor is torch.int32"),
+    ]
+    for i, (what, change, exc, words) in enumerate(cases):
+        for src, load in ((path, load_and_quantize), (nf4, load_quantized)):
+            d = _copy(src, tmp_path / f"{i}-{load.__name__}")
+            _edit(d, change)
+            with pytest.raises(exc, match=words):
+                load(d, device="cpu")
+    d = _copy(path, tmp_path / "up")  # a 16-bit linear weight of another shape, before it is quantized
+    _edit(d, lambda sd: sd.__setitem__("model.layers.0.mlp.up_proj.weight", torch.zeros(64, 128, dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match=r"up_proj.weight: .*shape \(64, 128\).*\(128, 64\)"):
+        load_and_quantize(d, device="cpu")
+    d = _copy(nf4, tmp_path / "qs")  # a 4-bit layer whose recorded shape is another (same number of elements)
+    import json
+
+    def reshape(sd):
+        key = "model.layers.0.mlp.gate_proj.weight.quant_state.bitsandbytes__nf4"
+        fields = json.loads(bytes(sd[key].tolist()))
+        fields["shape"] = [64, 128]
+        sd[key] = torch.tensor(list(json.dumps(fields).encode()), dtype=torch.uint8)
+    _edit(d, reshape)
+    with pytest.raises(ValueError, match=r"gate_proj: the checkpoint's 4-bit weight has shape \(64, 128\), the model's "
+                                         r"layer \(128, 64\)"):
+        load_quantized(d, device="cpu")
+
+
+def test_what_the_model_does_not_have_is_not_loaded(checkpoint, tmp_path):
+    """Tensors of layers, biases or 4-bit weights the architecture does not have are reported as unexpected and left
+    out (they used to be grafted on: an extra 4-bit submodule, a bias the layer has no place for, an embedding
+    replaced by a 4-bit linear)."""
+    model, path = checkpoint
+    nf4 = str(tmp_path / "nf4")
+    save_quantized(load_and_quantize(path, device="cpu"), nf4)
+    ids = torch.randint(0, 96, (1, 9))
+    ref = logits(load_quantized(nf4, device="cpu"), ids)
+    for i, src in enumerate((path, nf4)):
+        d = _copy(src, tmp_path / f"bias{i}")
+        _edit(d, lambda sd: sd.__setitem__("model.layers.0.self_attn.q_proj.bias", torch.ones(64, dtype=torch.bfloat16)))
+        load = load_and_quantize if src == path else load_quantized
+        with pytest.warns(UserWarning, match="q_proj.bias"):
+            m = load(d, device="cpu")
+        assert m.model.layers[0].self_attn.q_proj.bias is None
+        assert torch.equal(logits(m, ids), ref)
+    d = _copy(nf4, tmp_path / "extra")
+
+    def extra(sd):  # a second copy of q_proj's 4-bit tensors under a name the model does not have
+        for k in [k for k in sd if k.startswith("model.layers.0.self_attn.q_proj.weight")]:
+            sd[k.replace("q_proj", "extra_proj")] = sd[k].clone()
+    _edit(d, extra)
+    with pytest.warns(UserWarning, match="extra_proj"):
+        m = load_quantized(d, device="cpu")
+    assert not hasattr(m.model.layers[0].self_attn, "extra_proj") and torch.equal(logits(m, ids), ref)
+
+
+def test_the_checkpoint_kind_is_checked(checkpoint, tmp_path):
+    _, path = checkpoint
+    nf4 = str(tmp_path / "nf4")
+    save_quantized(load_and_quantize(path, device="cpu"), nf4)
+    with pytest.raises(ValueError, match="already quantized"):
+        load_and_quantize(nf4, device="cpu")  # it used to quantize the packed bytes as if they were weights
+    with pytest.raises(ValueError, match="not a bitsandbytes 4-bit checkpoint .no quantization_config"):
+        load_quantized(path, device="cpu")  # it used to return the 16-bit model
+    import json
+
+    d = _copy(nf4, tmp_path / "gptq")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    with pytest.raises(ValueError, match="quant_method 'gptq'"):
+        load_quantized(d, device="cpu")
+
+
+def test_paths_and_devices_are_checked_before_anything_loads(checkpoint, tmp_path):
+    _, path = checkpoint
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        load_quantized(str(tmp_path / "nope"), device="cpu")  # (no look-up on the Hub: 23 s of retries offline)
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        load_and_quantize("nope/model", device="cpu")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        load_and_quantize(os.path.join(path, "model.safetensors"), device="cpu")
+    with pytest.raises(TypeError, match="path must be a checkpoint directory"):
+        load_quantized(None, device="cpu")
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        load_and_quantize(path, device="cpu", dtype=torch.float64)
+    with pytest.raises(TypeError, match="skip must be a str"):
+        load_and_quantize(path, device="cpu", skip=None)
+    with pytest.raises(ValueError, match="meta device"):
+        load_and_quantize(path, device="meta")
+    with pytest.raises(TypeError, match="a device must be"):
+        load_and_quantize(path, device=None)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU; pass device='cpu'"):
+            load_and_quantize(path)  # the default device, cuda
+    with pytest.raises(TypeError, match="takes a transformers model"):
+        save_quantized(torch.nn.Sequential(Linear4bit.from_linear(torch.nn.Linear(64, 64))), str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out")  # refused before anything is written
+
+
+def test_damaged_files_are_named(checkpoint, tmp_path):
+    _, path = checkpoint
+    d = _copy(path, tmp_path / "trunc")
+    f = os.path.join(d, "model.safetensors")
+    data = open(f, "rb").read()
+    open(f, "wb").write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="model.safetensors is not a readable safetensors file"):
+        load_and_quantize(d, device="cpu")
+    d = _copy(path, tmp_path / "index")
+    open(os.path.join(d, "model.safetensors.index.json"), "w").write("{not json")
+    with pytest.raises(ValueError, match=r"model.safetensors.index.json is not valid JSON"):
+        load_and_quantize(d, device="cpu")

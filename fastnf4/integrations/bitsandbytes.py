@@ -372,6 +372,8 @@ def patch_bitsandbytes(device_types: tuple[str, ...] = ("cuda",), backend_key: b
     previous patch."""
     import bitsandbytes  # noqa: F401  (defines the ops; inside bitsandbytes' own import this is a no-op)
 
+    if isinstance(device_types, str):  # ("cuda" alone, not its letters)
+        device_types = (device_types,)
     unknown = [d for d in device_types if d not in _DISPATCH_KEYS]
     if unknown:  # (before the current patch is removed)
         raise ValueError(f"patch_bitsandbytes patches the {sorted(_DISPATCH_KEYS)} kernels, not {unknown}")

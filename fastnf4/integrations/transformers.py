@@ -32,8 +32,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..api import quantize
-from ..format import NF4Weight
-from ..nn import DEFAULT_SKIP, Linear4bit, _matches, _tied_linears
+from ..format import FLOAT_DTYPES, NF4Weight
+from ..nn import DEFAULT_SKIP, Linear4bit, _matches, _tied_linears, check_compute_dtype, check_skip
 
 _QS_KEY = re.compile(r"^(.*)\.weight\.quant_state\.bitsandbytes__(nf4|fp4)$")
 
@@ -45,7 +45,11 @@ def _shards(path: str) -> list[str]:
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
-            weight_map = json.load(f).get("weight_map")
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{index} is not valid JSON: {e}") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index} has no weight_map")
         files = [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
@@ -66,7 +70,11 @@ def _tensors(path: str, model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
     """The checkpoint's tensors under the names ``model`` has for them (transformers' key renaming applied)."""
     rename = _key_renamer(model)
     for f in _shards(path):
-        with safe_open(f, framework="pt") as sf:
+        try:
+            sf = safe_open(f, framework="pt")
+        except Exception as e:  # safetensors' own error type: a corrupt or truncated file
+            raise ValueError(f"{f} is not a readable safetensors file: {e}") from None
+        with sf:
             for key in sf.keys():
                 yield rename(key), sf.get_tensor(key)
 
@@ -93,11 +101,43 @@ def _key_renamer(model: torch.nn.Module):
     return rename
 
 
-def _skeleton(path: str, dtype: torch.dtype):
+def _quantization(config) -> dict | None:
+    """The checkpoint's ``quantization_config`` as a dict (None where it has none)."""
+    qc = getattr(config, "quantization_config", None)
+    if qc is None or isinstance(qc, dict):
+        return qc
+    return qc.to_dict() if hasattr(qc, "to_dict") else vars(qc)
+
+
+def _is_bnb_4bit(qc: dict) -> bool:
+    return qc.get("quant_method") == "bitsandbytes" and bool(qc.get("load_in_4bit", qc.get("_load_in_4bit")))
+
+
+def _skeleton(path: str, dtype: torch.dtype, want_bnb_4bit: bool):
+    """The model of the checkpoint directory ``path`` with its parameters on the meta device. ``want_bnb_4bit``: the
+    checkpoint must be a bitsandbytes 4-bit one (load_quantized); else it must not be quantized (load_and_quantize)."""
     import transformers
     from accelerate import init_empty_weights
 
-    config = transformers.AutoConfig.from_pretrained(path)
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a checkpoint directory (str or os.PathLike), got {type(path).__name__}")
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint directory at {path!r} (fastnf4 reads local directories only)")
+    if not os.path.isdir(path):
+        raise NotADirectoryError(f"{path!r} is a file; give the checkpoint's directory (config.json + safetensors)")
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    qc = _quantization(config)
+    if want_bnb_4bit and (qc is None or not _is_bnb_4bit(qc)):
+        what = "no quantization_config" if qc is None else f"quant_method {qc.get('quant_method')!r}" + (
+            " in 8 bits" if qc.get("load_in_8bit") or qc.get("_load_in_8bit") else "")
+        raise ValueError(f"{path} is not a bitsandbytes 4-bit checkpoint ({what}); load_quantized reads those only "
+                         "(load_and_quantize quantizes a 16-bit one)")
+    if not want_bnb_4bit and qc is not None:
+        raise ValueError(f"{path} is already quantized (quant_method {qc.get('quant_method')!r}); load_and_quantize "
+                         "takes a 16-bit checkpoint (load_quantized reads a bitsandbytes 4-bit one)")
     config.quantization_config = None
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -121,11 +161,20 @@ def _set_tensor(model: torch.nn.Module, key: str, value: torch.Tensor, unexpecte
         unexpected.append(key)
         return
     if attr in mod._parameters:
-        mod._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+        place = mod._parameters
     elif attr in mod._buffers:
-        mod._buffers[attr] = value
+        place = mod._buffers
     else:
         unexpected.append(key)
+        return
+    old = place[attr]
+    if old is not None:  # as transformers: a tensor of another shape or kind is an error, not a silent broadcast
+        if tuple(value.shape) != tuple(old.shape):
+            raise ValueError(f"{key}: the checkpoint's tensor has shape {tuple(value.shape)}, the model's "
+                             f"{tuple(old.shape)}")
+        if old.is_floating_point() != value.is_floating_point():
+            raise TypeError(f"{key}: the checkpoint's tensor is {value.dtype}, the model's {old.dtype}")
+    place[attr] = torch.nn.Parameter(value, requires_grad=False) if place is mod._parameters else value
 
 
 def _warn_unexpected(unexpected: list[str]) -> None:
@@ -135,8 +184,23 @@ def _warn_unexpected(unexpected: list[str]) -> None:
 
 
 def _as_device(d) -> torch.device:
+    if isinstance(d, bool) or not isinstance(d, (int, str, torch.device)):
+        raise TypeError(f"a device must be a torch.device, a string or a GPU index, got {d!r}")
     d = torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
-    return torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
+    if d.type == "meta":
+        raise ValueError("the loaders fill the model with the checkpoint's tensors: the meta device has no place for them")
+    if d.type == "cuda" and d.index is None:
+        _require_gpus(d)
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _require_gpus(d: torch.device) -> None:
+    """A ValueError naming ``d`` where this torch has no such CUDA GPU."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {str(d)!r}, but this torch has no CUDA GPU; pass device='cpu'")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(d)!r}, but only {torch.cuda.device_count()} CUDA GPUs are visible")
 
 
 def _decoder_layers(model: torch.nn.Module) -> str:
@@ -190,6 +254,9 @@ def _device_plan(model: torch.nn.Module, device, device_map) -> dict[str, torch.
     walk("", model, None)
     if len({d.type for d in plan.values()}) > 1:
         raise ValueError("device_map mixes CPU and GPUs; fastnf4 splits a model over GPUs only (no offload)")
+    for d in set(plan.values()):
+        if d.type == "cuda":
+            _require_gpus(d)
     return plan
 
 
@@ -207,11 +274,11 @@ def _owner(key: str) -> str:
     return key.rpartition(".")[0]
 
 
-def _finish(model: torch.nn.Module, plan: dict[str, torch.device]) -> torch.nn.Module:
+def _finish(model: torch.nn.Module, plan: dict[str, torch.device], missing: list[str]) -> torch.nn.Module:
     # (an output layer held in 4 bits cannot share the embedding's tensor: left as the checkpoint has it)
     if getattr(model.config, "tie_word_embeddings", False) and not isinstance(model.get_output_embeddings(), Linear4bit):
         model.tie_weights()
-    left = [n for n, p in model.named_parameters() if p.is_meta]
+    left = missing + [n for n, p in model.named_parameters() if p.is_meta]
     if left:
         raise ValueError(f"the checkpoint did not provide {left[:5]}{' ...' if len(left) > 5 else ''}")
     devices = set(plan.values())
@@ -238,8 +305,12 @@ def _finish(model: torch.nn.Module, plan: dict[str, torch.device]) -> torch.nn.M
 def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
                    compute_dtype: torch.dtype | None = None, device_map: dict | str | None = None) -> torch.nn.Module:
     """A bnb-4bit checkpoint directory as a transformers model with fastnf4 ``Linear4bit`` layers, on ``device`` or
-    split by ``device_map`` (module docstring)."""
-    model = _skeleton(path, dtype)
+    split by ``device_map`` (module docstring). As transformers does, a tensor of another shape than the model's is an
+    error and one the model has no place for a warning. ``compute_dtype`` None computes in the activations' dtype; the
+    checkpoint's ``bnb_4bit_compute_dtype`` is not applied (bitsandbytes' default, float32, would take the slow float32
+    paths): pass it to compute exactly as transformers + bitsandbytes would."""
+    check_compute_dtype(compute_dtype)
+    model = _skeleton(path, dtype, want_bnb_4bit=True)
     plan = _device_plan(model, device, device_map)
     groups: dict[str, dict[str, torch.Tensor]] = {}
     plain: dict[str, torch.Tensor] = {}
@@ -252,11 +323,22 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
             plain[key] = t
     four_bit = {p for p, g in groups.items() if any(_QS_KEY.match(k) for k in g)}
     unexpected: list[str] = []
+    missing: list[str] = []
     for owner, g in groups.items():
         device = _device_of(plan, owner)
         if owner in four_bit:
-            bias = plain.pop(f"{owner}.bias", None)
-            q = NF4Weight.from_state_dict(g, f"{owner}.", device=device)
+            layer = _linear_at(model, owner)
+            if layer is None:  # 4-bit tensors of a layer the model does not have (or that is no nn.Linear)
+                unexpected.extend(g)
+                continue
+            try:
+                q = NF4Weight.from_state_dict(g, f"{owner}.", device=device)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{owner}: {e}") from None
+            if tuple(q.shape) != (layer.out_features, layer.in_features):
+                raise ValueError(f"{owner}: the checkpoint's 4-bit weight has shape {tuple(q.shape)}, the model's layer "
+                                 f"{(layer.out_features, layer.in_features)}")
+            bias = _layer_bias(layer, owner, plain.pop(f"{owner}.bias", None), unexpected, missing)
             _set_module(model, owner, Linear4bit(q, None if bias is None else bias.to(device, dtype), compute_dtype))
         else:
             for key, t in g.items():
@@ -265,7 +347,32 @@ def load_quantized(path: str, device: str | torch.device = "cuda", dtype: torch.
         _set_tensor(model, key, t.to(_device_of(plan, _owner(key)), dtype if t.is_floating_point() else t.dtype),
                     unexpected)
     _warn_unexpected(unexpected)
-    return _finish(model, plan)
+    return _finish(model, plan, missing)
+
+
+def _linear_at(model: torch.nn.Module, name: str) -> torch.nn.Linear | None:
+    """The skeleton's ``nn.Linear`` called ``name``, or None where the model has no such linear layer."""
+    try:
+        m = model.get_submodule(name)
+    except AttributeError:
+        return None
+    return m if isinstance(m, torch.nn.Linear) else None
+
+
+def _layer_bias(layer: torch.nn.Linear, owner: str, bias: torch.Tensor | None, unexpected: list[str],
+                missing: list[str]) -> torch.Tensor | None:
+    """The checkpoint's bias for the skeleton's ``layer`` (as transformers: one the layer does not have is unexpected,
+    one it has but the checkpoint lacks is missing, one of another shape an error)."""
+    if layer.bias is None:
+        if bias is not None:
+            unexpected.append(f"{owner}.bias")
+        return None
+    if bias is None:
+        missing.append(f"{owner}.bias")
+    elif tuple(bias.shape) != (layer.out_features,):
+        raise ValueError(f"{owner}.bias: the checkpoint's tensor has shape {tuple(bias.shape)}, the model's "
+                         f"{(layer.out_features,)}")
+    return bias
 
 
 def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
@@ -274,31 +381,44 @@ def load_and_quantize(path: str, device: str | torch.device = "cuda", dtype: tor
                       device_map: dict | str | None = None) -> torch.nn.Module:
     """A bf16/fp16 checkpoint directory, quantized layer by layer while it loads, each on its device (``device``, or
     the one ``device_map`` gives its module: module docstring)."""
-    model = _skeleton(path, dtype)
+    skip = check_skip(skip)
+    check_compute_dtype(compute_dtype)
+    model = _skeleton(path, dtype, want_bnb_4bit=False)
     plan = _device_plan(model, device, device_map)
-    skip = skip if isinstance(skip, str) else tuple(skip)
-    linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not _matches(n, skip)}
-    linears -= _tied_linears(model)
+    tied = _tied_linears(model)
+    linears = {n: m for n, m in model.named_modules()
+               if type(m) is torch.nn.Linear and not _matches(n, skip) and n not in tied}
     biases: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
     for key, t in _tensors(path, model):
         owner, _, attr = key.rpartition(".")
         device = _device_of(plan, owner)
-        if owner in linears and attr == "weight":
+        layer = linears.get(owner)  # (the skeleton's layer: its shape and bias stay known after the swap)
+        if layer is not None and attr == "weight":
+            if tuple(t.shape) != (layer.out_features, layer.in_features) or not t.is_floating_point():
+                raise ValueError(f"{key}: the checkpoint's tensor is {t.dtype} of shape {tuple(t.shape)}, the model's "
+                                 f"layer takes a float weight of {(layer.out_features, layer.in_features)}")
             w = t.to(device, dtype)
             q = quantize(w, blocksize=blocksize, double_quant=double_quant, quant_type=quant_type)
             del w
             _set_module(model, owner, Linear4bit(q, biases.pop(owner, None), compute_dtype))
-        elif owner in linears and attr == "bias":
-            layer = model.get_submodule(owner)
-            if isinstance(layer, Linear4bit):
-                layer.bias = torch.nn.Parameter(t.to(device, dtype), requires_grad=False)
+        elif layer is not None and attr == "bias":
+            bias = _layer_bias(layer, owner, t, unexpected, [])
+            if bias is None:
+                continue
+            new = model.get_submodule(owner)
+            if isinstance(new, Linear4bit):
+                new.bias = torch.nn.Parameter(bias.to(device, dtype), requires_grad=False)
             else:
-                biases[owner] = t.to(device, dtype)
+                biases[owner] = bias.to(device, dtype)
         else:
             _set_tensor(model, key, t.to(device, dtype if t.is_floating_point() else t.dtype), unexpected)
     _warn_unexpected(unexpected)
-    return _finish(model, plan)
+    # a layer the checkpoint gave a weight but not the bias it has (a layer without its weight is still on meta)
+    missing = [f"{n}.bias" for n, layer in linears.items()
+               if layer.bias is not None and isinstance(model.get_submodule(n), Linear4bit)
+               and model.get_submodule(n).bias is None]
+    return _finish(model, plan, missing)
 
 
 def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | None = None) -> None:
@@ -306,6 +426,9 @@ def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | Non
     config.json whose ``quantization_config`` transformers + bitsandbytes understand. With ``max_shard_bytes``, the
     tensors go to shards of at most that size (a tensor larger than it gets a shard of its own) named as transformers
     names them, with a ``model.safetensors.index.json``. The model is not changed."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"save_quantized takes a transformers model (an nn.Module with a .config), got "
+                        f"{type(model).__name__}")
     layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
     if not layers:
         raise ValueError("the model has no fastnf4 Linear4bit layers; quantize it first")
