@@ -72,6 +72,10 @@ def _on_device(name: str, make, device) -> torch.Tensor:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (name, device)
     if key not in _device_cache:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"fastnf4 copies its {name} table to {device} on the first use there, and a CUDA graph "
+                               "capture does not allow that host-to-device copy: make one fastnf4 call on this device "
+                               "(or build its NF4Weight there) before capturing")
         t = make().to(device)
         if type(t) is not torch.Tensor:  # (made under a FakeTensorMode: not kept, as in _constant)
             return t

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, is_standard_code
+from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, is_standard_code, kernel_code
 from .ops.matmul.eager import forget as _forget_launches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -80,6 +80,10 @@ class NF4Weight:
         self.shape = torch.Size(self.shape)
         self.validate()
         object.__setattr__(self, "_built", True)
+        # the kernels' code table on this weight's GPU now (64 bytes, once per device), so that a first fastnf4 call
+        # with it may be inside a CUDA graph capture (no host-to-device copy is allowed there)
+        if self.packed.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+            kernel_code(self.quant_type, self.packed.device)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # launches cached for this weight (ops/matmul/eager.py) hold its tensors' addresses and its plan

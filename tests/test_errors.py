@@ -298,3 +298,15 @@ def test_quantize_model_checks_first_and_names_the_layer():
     model = one()
     quantize_model(model, skip=())
     assert isinstance(model[0], Linear4bit)
+
+
+def test_a_table_copy_inside_a_graph_capture_is_named(monkeypatch):
+    """The per-device code tables are copied to a GPU on first use; inside a CUDA graph capture that copy is not
+    allowed, so fastnf4 says what to do instead of torch's pinned-memory error (simulated: no GPU needed)."""
+    from fastnf4 import codebooks
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(codebooks, "_device_cache", {})
+    with pytest.raises(RuntimeError, match="make one fastnf4 call on this device .or build its NF4Weight there. "
+                                           "before capturing"):
+        codebooks.kernel_code("nf4", torch.device("cuda", 0))

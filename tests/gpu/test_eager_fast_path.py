@@ -182,3 +182,44 @@ def test_dequantize_launches_kept_per_weight(nested):
     buf = torch.full((q.numel + 1,), float("nan"), dtype=torch.bfloat16, device="cuda")
     fastnf4.dequantize(q, out=buf[1:].view(shape))
     assert torch.equal(buf[1:].view(shape), normal(q))
+
+
+_COLD = r"""
+import sys, torch, fastnf4
+m = int(sys.argv[1])
+torch.manual_seed(0)
+q = fastnf4.quantize(torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16))  # nothing else has run here
+x = torch.randn(max(m, 1), 2048, device="cuda", dtype=torch.bfloat16)
+out = torch.empty(4096 * 2048, device="cuda", dtype=torch.bfloat16)
+torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")  # cuBLAS's handle, as before any capture
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    y = fastnf4.linear(x, q) if m else fastnf4.dequantize(q, out=out)
+out.fill_(float("nan"))
+g.replay()
+torch.cuda.synchronize()
+if m:
+    exact = x.double() @ fastnf4.dequantize(q).double().T
+    rel = lambda t: ((t.double() - exact).norm() / exact.norm()).item()
+    ref = fastnf4.linear(x, q)
+    assert rel(y) <= 1.01 * rel(ref), (rel(y), rel(ref))
+else:
+    assert torch.equal(y.reshape(-1).view(torch.int16), fastnf4.dequantize(q).reshape(-1).view(torch.int16))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 8])
+def test_first_call_inside_a_graph_capture(m):
+    """A weight's first fastnf4 call may be inside a CUDA graph capture (fresh process): its code table is on the
+    GPU since the NF4Weight was built there (before session 47 every such call failed on the table's host-to-device
+    copy). M = 0 is dequantize(out=). cuBLAS is warmed up first, as PyTorch needs before any capture of a matmul (its
+    handle cannot be created inside one; benchmarks/probe_cold_capture.py shows fastnf4 calls that reach cuBLAS failing
+    there without it)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _COLD, str(m)], capture_output=True, text=True, timeout=600)
+    errors = [ln for ln in r.stderr.splitlines() if "Error" in ln]
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), errors[:3]
