@@ -43,6 +43,11 @@ def _dtype_from_name(name: Any, what: str) -> torch.dtype:
     return _DTYPE_BY_NAME[key]
 
 
+def _tracing(t: torch.Tensor) -> bool:
+    """Inside a torch.compile trace or a CUDA-graph capture on ``t``'s GPU: no host copy is traceable / legal there."""
+    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _check_tensor(t: Any, name: str, dtype: torch.dtype, numel: int | None, device: torch.device) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -82,7 +87,7 @@ class NF4Weight:
         object.__setattr__(self, "_built", True)
         # the kernels' code table on this weight's GPU now (64 bytes, once per device), so that a first fastnf4 call
         # with it may be inside a CUDA graph capture (no host-to-device copy is allowed there)
-        if self.packed.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+        if self.packed.is_cuda and not _tracing(self.packed):
             kernel_code(self.quant_type, self.packed.device)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -150,11 +155,8 @@ class NF4Weight:
             )
         dev = self.packed.device
         _check_tensor(self.code, "code (quant_map)", torch.float32, 16, dev)
-        # (not inside a CUDA-graph capture or a torch.compile trace: no host copy is legal / traceable there)
-        # (nor on the meta device, which has no values to compare)
-        tracing = (torch.compiler.is_compiling() or self.code.is_meta
-                   or (self.code.is_cuda and torch.cuda.is_current_stream_capturing()))
-        if not tracing and not is_standard_code(self.code, self.quant_type):
+        # (not on the meta device, which has no values to compare)
+        if not _tracing(self.code) and not self.code.is_meta and not is_standard_code(self.code, self.quant_type):
             raise ValueError(f"code (quant_map) is not the standard {self.quant_type} table; fastnf4 decodes with the "
                              "standard table (as bitsandbytes' kernels do), so custom 4-bit tables are not supported")
         parts = (self.nested_absmax, self.nested_code, self.offset)
