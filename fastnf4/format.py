@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import torch
 
 from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, is_standard_code, kernel_code
-from .ops.matmul.eager import forget as _forget_launches
+from ._plans import forget as _forget_launches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TENSOR_FIELDS = ("packed", "absmax", "code", "nested_absmax", "nested_code", "offset")

@@ -17,25 +17,16 @@ storage changed (``.data`` swaps).
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ... import _ops
+from ..._plans import PLANS as _PLANS, forget  # noqa: F401  (forget: re-exported for callers of eager.forget)
 from . import wgmma  # (no Triton import)
 from .wgmma import Prepared as WgmmaPrepared
 
-# NF4Weight -> {(dtype, M, device index): (addresses, bias, Prepared | None)}. Kept beside the weights, not in
-# them, so that copying, deep-copying or pickling an NF4Weight never meets a ctypes object.
-_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MAX_PLANS = 64  # per weight: bounds odd uses (many dtypes / devices)
 MAX_M = 32  # dispatch.MMA_MAX_M (not imported here: that would import Triton with fastnf4); a test ties the two.
 # Above it the path depends only on the wgmma bucket of M (dispatch.wgmma_wanted), so one entry serves each bucket.
-
-
-def forget(q) -> None:
-    """Drop the cached launches of ``q`` (called when a field of ``q`` is reassigned)."""
-    _PLANS.pop(q, None)
 
 
 def _addresses(q) -> tuple:
