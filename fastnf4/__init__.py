@@ -1,16 +1,33 @@
 """fastnf4: fast NF4 kernels, bit-compatible with bitsandbytes.
 
-Importing this package never touches a GPU: kernels compile and device properties are read on first use.
+Importing this package imports nothing else: each public name loads its module on first use, so that
+bitsandbytes' backend entry point (``fastnf4._bnb_entry``) can read its switch before any of fastnf4 is
+imported, and a GPU is never touched at import time.
 """
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
-from . import _ops  # noqa: F401  (registers the fastnf4:: custom ops)
-from .api import dequantize, linear, quantize
-from .format import NF4Weight
-from .integrations.bitsandbytes import patch_bitsandbytes, unpatch_bitsandbytes
-from .nn import Linear4bit, quantize_model
+# public name -> the module (relative to this package) that defines it
+_EXPORTS = {
+    "Linear4bit": "nn", "quantize_model": "nn",
+    "NF4Weight": "format",
+    "dequantize": "api", "linear": "api", "quantize": "api",
+    "patch_bitsandbytes": "integrations.bitsandbytes", "unpatch_bitsandbytes": "integrations.bitsandbytes",
+}
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
-__all__ = ["Linear4bit", "NF4Weight", "dequantize", "linear", "patch_bitsandbytes", "quantize", "quantize_model",
-           "unpatch_bitsandbytes", "__version__"]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastnf4' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -157,13 +157,15 @@ def test_unpatch_restores_bitsandbytes(rng):
 
 
 def test_autopatch_is_on_unless_switched_off(monkeypatch):
+    from fastnf4 import _bnb_entry
+
     fastnf4.unpatch_bitsandbytes()
     monkeypatch.setenv("FASTNF4_PATCH_BITSANDBYTES", "0")
-    integ.autopatch()
+    _bnb_entry.autopatch()
     assert not integ.is_patched()
     monkeypatch.delenv("FASTNF4_PATCH_BITSANDBYTES", raising=False)
     try:
-        integ.autopatch()
+        _bnb_entry.autopatch()
         assert integ.is_patched() and integ._state["devices"] == ("cuda",)
     finally:
         fastnf4.unpatch_bitsandbytes()
@@ -226,3 +228,32 @@ def test_one_device_type_may_be_given_as_a_string():
             fastnf4.patch_bitsandbytes("tpu")
     finally:
         fastnf4.unpatch_bitsandbytes()
+
+
+@pytest.mark.parametrize("offset_dtype", [torch.float16, torch.bfloat16])
+def test_gemm_4bit_takes_a_non_float32_offset_as_bitsandbytes_does(offset_dtype, rng):
+    """A double-quant weight whose offset is fp16 / bf16 (pre-quantized checkpoints): bitsandbytes' gemm_4bit casts the
+    offset to float32 first, so the patched op gives what it gives for that float32 value (bitsandbytes' regression
+    test test_gemm_4bit_non_float32_offset, which compares the two calls). Before: the fp16 / bf16 call went to
+    bitsandbytes' kernel and the float32 one to fastnf4's, and on the GPU the two differed."""
+    w = torch.randn(64, 64, generator=rng)
+    x = torch.randn(4, 64, generator=rng)
+    p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+    offset = qs.offset.to(offset_dtype)
+    args = (x, p, [64, 64], qs.state2.absmax, 64, "nf4")
+    fastnf4.patch_bitsandbytes(("cpu",))
+    try:
+        integ.CALLS.clear()
+        got = torch.ops.bitsandbytes.gemm_4bit(*args, absmax_8bit=qs.absmax, absmax_code=qs.state2.code,
+                                               absmax_offset=offset)
+        assert integ.CALLS["gemm_4bit"] == 1  # fastnf4 took it
+        ref = torch.ops.bitsandbytes.gemm_4bit(*args, absmax_8bit=qs.absmax, absmax_code=qs.state2.code,
+                                               absmax_offset=offset.float())
+    finally:
+        fastnf4.unpatch_bitsandbytes()
+    assert torch.equal(bits(got), bits(ref))
+    # and that value is the one an independent decode gives: bitsandbytes' own dequantize with the float32 offset
+    qs.offset = offset.float()
+    dense = F.dequantize_4bit(p, qs).double()
+    expect = x.double() @ dense.T
+    assert (got.double() - expect).norm() / expect.norm() < 1e-5

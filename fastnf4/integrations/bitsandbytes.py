@@ -20,7 +20,8 @@ Covered (bitsandbytes 0.48-0.50; ops a version lacks are skipped):
   kernel gets wrong (x of more than one row, K not a multiple of 32: ``_bnb_gemv_wrong``).
 
 When fastnf4 and bitsandbytes are installed together, bitsandbytes loads the entry point
-``bitsandbytes.backends: fastnf4`` after registering its own ops, which calls :func:`autopatch` (CUDA only).
+``bitsandbytes.backends: fastnf4`` after registering its own ops, which calls ``fastnf4._bnb_entry.autopatch``
+(CUDA only; it never lets a failure here break ``import bitsandbytes``).
 The automatic patch is on unless ``FASTNF4_PATCH_BITSANDBYTES=0``. It was opt-in while every patched call paid
 the full Python path (eager ``generate()`` of a 64-layer Qwen3-32B got 1.5x slower, benchmarks/results/
 h200-paper.md); patched calls now reuse prepared launches (``_PREPARED``), and on the H200 (a 16-layer Qwen3-32B
@@ -44,7 +45,6 @@ import functools
 import importlib.util
 import logging
 import math
-import os
 import warnings
 from collections import Counter
 
@@ -205,9 +205,15 @@ def _gemm_covered(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit
         and absmax_8bit.dtype == torch.uint8 and absmax_8bit.numel() == nblocks
         and absmax.dtype == torch.float32 and absmax.numel() == -(-nblocks // 256)
         and absmax_code is not None and absmax_code.dtype == torch.float32 and absmax_code.numel() == 256
-        and absmax_offset is not None and absmax_offset.dtype == torch.float32 and absmax_offset.numel() == 1
+        and absmax_offset is not None and absmax_offset.dtype in _OFFSET_DTYPES and absmax_offset.numel() == 1
         and all(t.is_contiguous() and t.device == B.device for t in (absmax_8bit, absmax, absmax_code, absmax_offset))
     )
+
+
+# offset dtypes of a double-quant weight the patch takes: bitsandbytes' gemm_4bit casts the offset to float32 before
+# its kernel or its dequantize fallback adds it (backends/cuda/ops.py), and fastnf4 does the same (a pre-quantized
+# checkpoint may carry it in fp16 / bf16)
+_OFFSET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _decode_kernel_ok(A, B, k, blocksize) -> bool:
@@ -326,6 +332,8 @@ def _gemv_4bit_out(keyset, A, B, shapeB, absmax, code, blocksize, out):
 def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None,
                absmax_offset=None):
     key = _launch_key(A, B, shapeB, blocksize, quant_type, (absmax, absmax_8bit, absmax_code, absmax_offset), bias)
+    if absmax_offset is not None and absmax_offset.dtype != torch.float32:
+        key = None  # (its float32 copy below lives for this call only: no prepared launch may keep its address)
     y = _prepared_hit("gemm_4bit", key, A, shapeB[0], bias)
     if y is not None:
         return y
@@ -339,7 +347,7 @@ def _gemm_4bit(keyset, A, B, shapeB, absmax, blocksize, quant_type, bias=None, a
     nested = absmax_8bit is not None
     largs = (_as_bytes(B), absmax_8bit if nested else absmax, kernel_code(quant_type, A.device), blocksize, n, k,
              absmax_code if nested else None, absmax if nested else None,
-             absmax_offset.reshape(()) if nested else None, 256, bias)
+             absmax_offset.to(torch.float32).reshape(()) if nested else None, 256, bias)
     y = _prepare_and_run("gemm_4bit", key, A, n, bias, largs)
     if y is not None:
         return y
@@ -420,15 +428,3 @@ def is_patched() -> bool:
 def patch_mode() -> dict:
     """{(op name, device type): the dispatch key fastnf4's implementation sits at} of the current patch."""
     return dict(_state["keys"])
-
-
-def autopatch() -> None:
-    """Entry point bitsandbytes calls at import (group ``bitsandbytes.backends``)."""
-    if os.environ.get("FASTNF4_PATCH_BITSANDBYTES", "1").strip().lower() in ("0", "false", "off", "no"):
-        return
-    try:
-        patch_bitsandbytes(("cuda",))
-    except Exception as e:  # never break ``import bitsandbytes``: its own kernels stay in place
-        unpatch_bitsandbytes()
-        warnings.warn(f"fastnf4 could not patch bitsandbytes ({type(e).__name__}: {e}); bitsandbytes' own kernels "
-                      "stay in use", RuntimeWarning, stacklevel=2)
