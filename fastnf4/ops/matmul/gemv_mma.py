@@ -66,7 +66,7 @@ class _Lib:
 
 @functools.cache
 def _lib_for(index: int) -> _Lib | None:
-    lib = _cuda.load(SOURCE, torch.device("cuda", index))
+    lib = _cuda.load(SOURCE, torch.device("cuda", index))  # prebuilt, else nvcc (_cuda.py); None: Triton
     if lib is None:
         return None
     with torch.cuda.device(index):  # kernel attributes and occupancy are set and read per device: the current one

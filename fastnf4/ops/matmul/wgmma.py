@@ -92,7 +92,7 @@ class _Lib:
 def _lib_for(index: int) -> _Lib | None:
     if torch.cuda.get_device_capability(index) != (9, 0):
         return None  # wgmma is sm_90a only; other GPUs take the other paths
-    lib = _cuda.load(SOURCE, torch.device("cuda", index), arch_suffix="a")  # FASTNF4_NVCC_FLAGS: probe variants
+    lib = _cuda.load(SOURCE, torch.device("cuda", index), arch_suffix="a")  # prebuilt, else nvcc (_cuda.py)
     if lib is None:
         return None
     with torch.cuda.device(index):  # kernel attributes and occupancy are set and read per device: the current one
