@@ -466,6 +466,11 @@ def _driver_cuda_version() -> int | None:
     return _memo["driver"]  # type: ignore[return-value]
 
 
+class _Refused(str):
+    """A reason that a packaged library exists for the device but failed its hash check (damage or tampering):
+    worth a warning even when the JIT build stands in."""
+
+
 def _packaged(lib: Library, source: str, arch: str) -> tuple[str | None, str]:
     """(path of the packaged library, "") when it may be loaded for ``arch`` (its hash checked now), else (None,
     why not)."""
@@ -498,7 +503,8 @@ def _packaged(lib: Library, source: str, arch: str) -> tuple[str | None, str]:
     except OSError as e:
         return None, f"the prebuilt {name} is unreadable ({e})"
     if not ok:
-        return None, f"the prebuilt {path} does not match the manifest's SHA-256 (damaged or replaced): refused"
+        return None, _Refused(f"the prebuilt {path} does not match the manifest's SHA-256 (damaged or replaced): "
+                              "refused")
     return path, ""
 
 
@@ -560,6 +566,9 @@ def _load(source: str, arch: str):
                 errors.append(e)
         else:
             reasons.append(why)
+            if isinstance(why, _Refused) and f"refused:{name}" not in _warned:
+                _warned.add(f"refused:{name}")
+                warnings.warn(f"fastnf4: {why}", RuntimeWarning, stacklevel=4)
     try:
         path = compile_source(source, arch)
         dll = ctypes.CDLL(path)
