@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from . import _ops
-from .codebooks import NESTED_BLOCKSIZE, code_4bit, dynamic_map, kernel_code
-from .format import FLOAT_DTYPES, NF4Weight, int_field
+from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, code_4bit, dynamic_map, kernel_code
+from .format import FLOAT_DTYPES, NF4Weight, _short, int_field
 from .ops.matmul import eager as _eager
 
 
@@ -27,8 +27,13 @@ def quantize(
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"quantize takes a torch.Tensor, got {type(w).__name__}")
     blocksize = int_field(blocksize, "blocksize")
-    if not isinstance(double_quant, (bool, int)):
-        raise TypeError(f"double_quant must be a bool, got {type(double_quant).__name__}")
+    if blocksize not in BLOCKSIZES:  # (here: an int beyond int64 cannot even reach the op's own check)
+        raise ValueError(f"unsupported blocksize {_short(blocksize)}; expected one of {BLOCKSIZES}")
+    # a bool (Python's or NumPy's) or 0 / 1; not any truthy object
+    if isinstance(double_quant, str) or type(double_quant).__name__ not in ("bool", "bool_", "int") or \
+            double_quant not in (True, False):
+        raise TypeError(f"double_quant must be a bool, got {type(double_quant).__name__} {_short(double_quant)}")
+    double_quant = bool(double_quant)
     if not isinstance(quant_type, str):
         raise TypeError(f"quant_type must be a str, got {type(quant_type).__name__}")
     packed, absmax = _ops.quantize_4bit(w, blocksize, quant_type)

@@ -82,7 +82,7 @@ class NestedStats:
         if isinstance(self.nested_blocksize, bool) or not isinstance(self.nested_blocksize, int):
             raise TypeError(f"nested_blocksize must be an int, got {type(self.nested_blocksize).__name__}")
         if self.nested_blocksize not in BLOCKSIZES:
-            raise ValueError(f"unsupported nested_blocksize {self.nested_blocksize}")
+            raise ValueError(f"unsupported nested_blocksize {_short(self.nested_blocksize)}")
         if self.nested_dtype not in FLOAT_DTYPES:
             raise TypeError(f"nested_dtype must be one of {FLOAT_DTYPES}, got {self.nested_dtype!r}")
         _check_tensor(self.absmax, "absmax", torch.uint8, nblocks, device)
@@ -212,7 +212,7 @@ class NF4Weight:
         if isinstance(self.blocksize, bool) or not isinstance(self.blocksize, int):
             raise TypeError(f"blocksize must be an int, got {type(self.blocksize).__name__}")
         if self.blocksize not in BLOCKSIZES:
-            raise ValueError(f"unsupported blocksize {self.blocksize}; expected one of {BLOCKSIZES}")
+            raise ValueError(f"unsupported blocksize {_short(self.blocksize)}; expected one of {BLOCKSIZES}")
         if self.dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {self.dtype}")
         if not isinstance(self.shape, torch.Size):
@@ -221,7 +221,8 @@ class NF4Weight:
             raise ValueError(f"shape {tuple(self.shape)} has a negative dimension")
         if not isinstance(self.packed, torch.Tensor):
             raise TypeError(f"packed must be a torch.Tensor, got {type(self.packed).__name__}")
-        if self.packed.is_floating_point() and self.packed.dtype not in FLOAT_DTYPES:
+        if (self.packed.is_floating_point() and self.packed.dtype not in FLOAT_DTYPES) or self.packed.is_complex() or \
+                self.packed.dtype == torch.bool:
             raise TypeError(f"packed has unsupported storage dtype {self.packed.dtype}")
         if not self.packed.is_contiguous():
             raise ValueError("packed must be contiguous")
@@ -261,7 +262,7 @@ class NF4Weight:
             if isinstance(self.nested_blocksize, bool) or not isinstance(self.nested_blocksize, int):
                 raise TypeError(f"nested_blocksize must be an int, got {type(self.nested_blocksize).__name__}")
             if self.nested_blocksize not in BLOCKSIZES:
-                raise ValueError(f"unsupported nested_blocksize {self.nested_blocksize}")
+                raise ValueError(f"unsupported nested_blocksize {_short(self.nested_blocksize)}")
             n2 = -(-self.nblocks // self.nested_blocksize)
             _check_tensor(self.nested_absmax, "nested_absmax", torch.float32, n2, dev)
             _check_tensor(self.nested_code, "nested_code (nested_quant_map)", torch.float32, 256, dev)
@@ -287,12 +288,7 @@ class NF4Weight:
         if isinstance(device, torch.dtype):
             raise TypeError(f"NF4Weight.to takes a device, got the dtype {device}: the 4-bit weight has no dtype to "
                             "cast (fastnf4.dequantize(q, dtype=...) gives a dense tensor in a dtype)")
-        if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
-            raise TypeError(f"NF4Weight.to takes a device (a torch.device, str or int), got {type(device).__name__}")
-        try:
-            device = torch.device(device)
-        except RuntimeError as e:
-            raise ValueError(f"NF4Weight.to: {e}") from None
+        device = _device(device, "NF4Weight.to")
         return self.map_tensors(lambda t: t.to(device))
 
     def nbytes(self) -> int:
@@ -332,7 +328,10 @@ class NF4Weight:
             raise TypeError(f"from_bnb needs a bitsandbytes QuantState, got {type(qs).__name__} (no {', '.join(missing)})")
         if not isinstance(packed, torch.Tensor):
             raise TypeError(f"packed must be a torch.Tensor, got {type(packed).__name__}")
-        nested = bool(getattr(qs, "nested", False))
+        nested = getattr(qs, "nested", False)
+        if nested not in (True, False):
+            raise TypeError(f"quant_state.nested must be a bool, got {_kind(nested)}")
+        nested = bool(nested)
         state2 = getattr(qs, "state2", None)
         if nested and not all(hasattr(state2, a) for a in ("absmax", "code", "blocksize")):
             raise TypeError("the QuantState is nested (double quantization) but its state2 is missing or is not a "
@@ -430,12 +429,7 @@ class NF4Weight:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         if device is not None:
-            if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
-                raise TypeError(f"device must be a torch.device, str, int or None, got {type(device).__name__}")
-            try:
-                device = torch.device(device)
-            except RuntimeError as e:
-                raise ValueError(f"from_state_dict: {e}") from None
+            device = _device(device, "from_state_dict")
         key = f"{prefix}weight"
         if key not in sd:
             raise MissingKeyError(key)
@@ -511,6 +505,8 @@ def _as_offset(offset: Any, device: torch.device) -> torch.Tensor:
             raise TypeError(f"quant_state.offset must be a floating-point tensor, got {offset.dtype}")
         if offset.numel() != 1:
             raise ValueError(f"quant_state.offset must hold one value, got shape {tuple(offset.shape)}")
+        if offset.is_meta != (device.type == "meta"):
+            raise ValueError(f"quant_state.offset is on {offset.device} but the packed weight is on {device}")
         return offset.to(device=device).reshape(())
     if isinstance(offset, bool) or not isinstance(offset, (int, float)):
         raise TypeError(f"quant_state.offset must be a tensor or a number, got {type(offset).__name__}")
@@ -540,6 +536,19 @@ def _short(v: Any, limit: int = 80) -> str:
     return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
 
 
+def _device(device: Any, what: str) -> torch.device:
+    """``device`` as a torch.device that exists here, or a TypeError/ValueError naming it (torch raises RuntimeError or
+    AssertionError for a device it does not have)."""
+    if not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
+        raise TypeError(f"{what} takes a device (a torch.device, str or int), got {type(device).__name__}")
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        raise ValueError(f"{what}: device {device!r} is not available ({e})") from None
+    return device
+
+
 def _shape(v: Any) -> torch.Size:
     """``v`` as a torch.Size, or a TypeError/ValueError naming the shape (a bool or a float is not a size)."""
     if isinstance(v, torch.Size):
@@ -552,7 +561,7 @@ def _shape(v: Any) -> torch.Size:
         raise TypeError(f"shape must be a sequence of ints, got {_kind(v)}") from None
     dims = [int_field(d, "every entry of shape") for d in items]
     if any(not -2**63 <= d < 2**63 for d in dims):
-        raise ValueError(f"shape {dims} has a dimension out of range")
+        raise ValueError(f"shape {_short(dims)} has a dimension out of range")
     return torch.Size(dims)
 
 

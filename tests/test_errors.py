@@ -1,5 +1,6 @@
 """Bad input: a ValueError/TypeError that names the problem, before anything runs."""
 import json
+import types
 
 import pytest
 import torch
@@ -310,3 +311,124 @@ def test_a_table_copy_inside_a_graph_capture_is_named(monkeypatch):
     with pytest.raises(RuntimeError, match="make one fastnf4 call on this device .or build its NF4Weight there. "
                                            "before capturing"):
         codebooks.kernel_code("nf4", torch.device("cuda", 0))
+
+
+# ------------------------------------------------------------------- bad input found by trying it as a new user would
+def _sd():
+    return fastnf4.quantize(torch.randn(8, 64, generator=torch.Generator().manual_seed(0))).state_dict()
+
+
+def _with_raw_json(text):
+    return {**_sd(), "weight.quant_state.bitsandbytes__nf4": torch.tensor(list(text.encode()), dtype=torch.uint8)}
+
+
+def _with_fields(**changes):
+    fields = json.loads(bytes(_sd()["weight.quant_state.bitsandbytes__nf4"].tolist()))
+    return _with_raw_json(json.dumps({**fields, **changes}))  # (json.dumps writes NaN / Infinity as Python does)
+
+
+def _quant_state(state2=None, **over):
+    """(packed, a QuantState-like namespace) of a double-quantized weight; ``state2``: changes to its state2."""
+    q = fastnf4.quantize(torch.randn(8, 64, generator=torch.Generator().manual_seed(0)))
+    s2 = dict(absmax=q.nested_absmax, code=q.nested_code, blocksize=256, dtype=torch.float32)
+    fields = dict(absmax=q.absmax, code=q.code, blocksize=64, shape=q.shape, dtype=q.dtype, quant_type="nf4",
+                  nested=True, state2=types.SimpleNamespace(**{**s2, **(state2 or {})}), offset=q.offset)
+    return q.packed, types.SimpleNamespace(**{**fields, **over})
+
+
+def _inf_offset_weight():
+    w = torch.randn(4, 64)
+    w[0, 0] = float("inf")  # the block's absmax is Inf, so is the offset (their mean)
+    return fastnf4.quantize(w)
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    pytest.param(lambda: fastnf4.quantize(torch.ones(64), blocksize=2**70), ValueError, "unsupported blocksize",
+                 id="quantize-blocksize-beyond-int64"),
+    pytest.param(lambda: fastnf4.quantize(torch.ones(64), blocksize=-2**63 - 1), ValueError, "unsupported blocksize",
+                 id="quantize-blocksize-below-int64"),
+    pytest.param(lambda: fastnf4.quantize(torch.ones(64), double_quant=2), TypeError, "double_quant must be a bool",
+                 id="quantize-double_quant-2"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(nested_offset=10**400)), ValueError,
+                 "nested_offset 1000.* is out of the float range", id="json-offset-401-digits"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_raw_json(_DEEP)), ValueError, "nested too deeply",
+                 id="json-nested-too-deeply"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(nested_offset=float("nan"))), ValueError,
+                 "nested_offset must be finite", id="json-offset-NaN"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(nested_offset=float("inf"))), ValueError,
+                 "nested_offset must be finite", id="json-offset-Infinity"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(nested_offset=-float("inf"))), ValueError,
+                 "nested_offset must be finite", id="json-offset--Infinity"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(nested_offset=1e300)), ValueError,
+                 r"finite \(as a float32\)", id="json-offset-beyond-float32"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(padding="x" * 2_000_000)), ValueError,
+                 "a quant_state JSON is a few hundred", id="json-2MB"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(shape=[2**70])), ValueError,
+                 "shape .* has a dimension out of range", id="json-shape-beyond-int64"),
+    pytest.param(lambda: NF4Weight.from_state_dict({**_sd(), "weight.quant_state.bitsandbytes__nf4":
+                                                    _sd()["weight.quant_state.bitsandbytes__nf4"].to("meta")}),
+                 ValueError, "meta device: its JSON has no bytes", id="json-on-meta"),
+    pytest.param(lambda: NF4Weight.from_state_dict(list(_sd().items())), TypeError, "takes a mapping",
+                 id="state-dict-a-list"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_sd(), None), TypeError, "prefix must be a str",
+                 id="from-state-dict-prefix-None"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_sd(), device="cuda:99"), ValueError, "is not available",
+                 id="from-state-dict-absent-device"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_sd(), device="nodevice"), ValueError, "is not available",
+                 id="from-state-dict-unknown-device"),
+    pytest.param(lambda: fastnf4.quantize(torch.randn(8, 64)).state_dict(None), TypeError, "prefix must be a str",
+                 id="state-dict-prefix-None"),
+    pytest.param(lambda: _inf_offset_weight().state_dict(), ValueError, "decodes to NaN everywhere",
+                 id="state-dict-of-an-Inf-offset"),
+    pytest.param(lambda: fastnf4.quantize(torch.randn(8, 64)).to("cuda:99"), ValueError, "is not available",
+                 id="to-absent-device"),
+    pytest.param(lambda: NF4Weight(**good(shape=(2**70,))), ValueError, "shape .* has a dimension out of range",
+                 id="shape-beyond-int64"),
+    pytest.param(lambda: NF4Weight(**good(shape=(True, 128))), TypeError, "every entry of shape must be an int, got bool",
+                 id="shape-of-bools"),
+    pytest.param(lambda: NF4Weight(**good(shape=(2.0, 64.0))), TypeError, "every entry of shape must be an int",
+                 id="shape-of-floats"),
+    pytest.param(lambda: NF4Weight(**good(shape="2, 64")), TypeError, "shape must be a sequence of ints",
+                 id="shape-a-str"),
+    pytest.param(lambda: NF4Weight(**good(packed=torch.zeros(64, 1, dtype=torch.bool))), TypeError,
+                 "unsupported storage dtype torch.bool", id="packed-bool"),
+    pytest.param(lambda: NF4Weight(**good(packed=torch.zeros(8, 1, dtype=torch.complex64))), TypeError,
+                 "unsupported storage dtype torch.complex64", id="packed-complex"),
+    pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(offset=10**400)), ValueError, "out of the float range",
+                 id="from-bnb-offset-401-digits"),
+    pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(offset=torch.empty((), device="meta"))), ValueError,
+                 "offset is on meta", id="from-bnb-offset-on-meta"),
+    pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(nested="no")), TypeError, "nested must be a bool",
+                 id="from-bnb-nested-a-str"),
+    pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(offset=torch.tensor(1))), TypeError,
+                 "offset must be a floating-point tensor", id="from-bnb-offset-int-tensor"),
+    pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(state2=dict(absmax=torch.ones(1, dtype=torch.float64)))),
+                 TypeError, "nested_absmax must be float32, float16 or bfloat16", id="from-bnb-nested-absmax-float64"),
+    pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(state2=dict(dtype=torch.int8))), TypeError,
+                 "state2.dtype must be one of", id="from-bnb-state2-dtype-int8"),
+    pytest.param(lambda: NF4Weight.from_state_dict(_with_fields(nested_dtype="int8")), ValueError,
+                 "nested_dtype: unsupported dtype 'int8'", id="json-nested-dtype-int8"),
+])
+def test_bad_input_is_a_value_or_type_error(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()
+
+
+def test_state_dict_keys_that_are_not_str_are_not_this_weights():
+    q = fastnf4.quantize(torch.randn(8, 64))
+    r = NF4Weight.from_state_dict({**q.state_dict(), 5: torch.ones(1), ("a",): torch.ones(1)})
+    assert torch.equal(bits(fastnf4.dequantize(r)), bits(fastnf4.dequantize(q)))
+
+
+@pytest.mark.parametrize("build", ["quantize", "Linear4bit.from_linear", "quantize_model"])
+def test_blocksize_beyond_int64_through_the_layers(build):
+    from fastnf4.nn import Linear4bit, quantize_model
+
+    calls = {"quantize": lambda: fastnf4.quantize(torch.randn(8, 64), blocksize=2**64),
+             "Linear4bit.from_linear": lambda: Linear4bit.from_linear(torch.nn.Linear(64, 8), blocksize=2**64),
+             "quantize_model": lambda: quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 8)), blocksize=2**64)}
+    with pytest.raises(ValueError, match="unsupported blocksize 18446744073709551616"):
+        calls[build]()
