@@ -55,7 +55,9 @@ def quantize(
 def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The dense weight of ``q`` with shape ``q.shape`` in ``dtype`` (default ``q.dtype``), bit-exact with
     bitsandbytes' CUDA ``dequantize_4bit``. With ``out``, writes there (its dtype is the output dtype) and
-    returns it viewed with ``q.shape``. Runs on ``q``'s device and the current stream, no host sync."""
+    returns it viewed with ``q.shape``. Runs on ``q``'s device and the current stream, no host sync. Double-quant
+    statistics in float16/bfloat16 (bitsandbytes' nested_dtype) give what bitsandbytes' ``F.dequantize_4bit`` gives
+    (see :class:`~fastnf4.format.NF4Weight`)."""
     if not isinstance(q, NF4Weight):
         raise TypeError(f"dequantize takes an NF4Weight, got {type(q).__name__}")
     if dtype is not None and dtype not in FLOAT_DTYPES:
@@ -96,7 +98,9 @@ def linear_args(q: NF4Weight, bias: torch.Tensor | None = None) -> tuple:
 def linear(x: torch.Tensor, q: NF4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequantize(q, x.dtype).T + bias`` for a 2-D ``q`` ([out_features, in_features]) and ``x`` of any
     leading shape, fp16/bf16 (fp32 works). Fused kernels read the packed weight directly (GEMV for a few
-    rows, tensor-core GEMM up to a few hundred, dequantize + cuBLAS beyond: ``ops/matmul/dispatch.py``)."""
+    rows, tensor-core GEMM up to a few hundred, dequantize + cuBLAS beyond: ``ops/matmul/dispatch.py``). The weight is
+    the one :func:`dequantize` gives, also for float16/bfloat16 double-quant statistics (bitsandbytes' ``gemm_4bit`` op
+    decodes those in float32 instead: see :class:`~fastnf4.format.NF4Weight`)."""
     if not isinstance(q, NF4Weight):
         raise TypeError(f"linear takes an NF4Weight, got {type(q).__name__}")
     if len(q.shape) != 2:

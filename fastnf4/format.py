@@ -328,6 +328,11 @@ class NF4Weight:
             raise TypeError(f"from_bnb needs a bitsandbytes QuantState, got {type(qs).__name__} (no {', '.join(missing)})")
         if not isinstance(packed, torch.Tensor):
             raise TypeError(f"packed must be a torch.Tensor, got {type(packed).__name__}")
+        if getattr(qs, "packing_format_for_cpu", False) is True:
+            raise ValueError("the QuantState is in bitsandbytes' CPU inference layout (packing_format_for_cpu: bytes "
+                             "reordered, absmax transposed in bf16), which Linear4bit's forward makes on an AVX512-BF16 "
+                             "CPU; read the layer's state_dict() (bitsandbytes converts it back) with "
+                             "NF4Weight.from_state_dict")
         nested = getattr(qs, "nested", False)
         if nested not in (True, False):
             raise TypeError(f"quant_state.nested must be a bool, got {_kind(nested)}")

@@ -180,3 +180,13 @@ def test_statistics_that_do_not_match_the_decoded_absmax_are_refused(rng):
         dataclasses.replace(q, absmax=q.absmax * 2)
     with pytest.raises(ValueError, match="absmax does not match"):
         q.absmax = q.absmax + 1
+
+
+def test_from_bnb_names_the_cpu_inference_layout(rng):
+    """After an inference forward on an AVX512-BF16 CPU, a bnb Linear4bit's (weight, quant_state) are in another
+    layout (bytes reordered, absmax transposed in bf16); from_bnb says so (its state_dict is the way in)."""
+    w = random_weight(64 * 128, torch.bfloat16, rng).view(64, 128)  # (rows a multiple of 32, as the repacking needs)
+    packed, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+    packed_cpu, qs_cpu = F._convert_weight_packed_for_cpu(packed.clone(), copy.deepcopy(qs))
+    with pytest.raises(ValueError, match="packing_format_for_cpu"):
+        NF4Weight.from_bnb(packed_cpu, qs_cpu)
