@@ -334,7 +334,7 @@ class NF4Weight:
                              "CPU; read the layer's state_dict() (bitsandbytes converts it back) with "
                              "NF4Weight.from_state_dict")
         nested = getattr(qs, "nested", False)
-        if nested not in (True, False):
+        if isinstance(nested, torch.Tensor) or nested not in (True, False):
             raise TypeError(f"quant_state.nested must be a bool, got {_kind(nested)}")
         nested = bool(nested)
         state2 = getattr(qs, "state2", None)

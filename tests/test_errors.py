@@ -403,6 +403,8 @@ _DEEP = "[" * 100_000 + "]" * 100_000
                  "offset is on meta", id="from-bnb-offset-on-meta"),
     pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(nested="no")), TypeError, "nested must be a bool",
                  id="from-bnb-nested-a-str"),
+    pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(nested=torch.tensor([True, False]))), TypeError,
+                 "nested must be a bool", id="from-bnb-nested-a-tensor"),
     pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(offset=torch.tensor(1))), TypeError,
                  "offset must be a floating-point tensor", id="from-bnb-offset-int-tensor"),
     pytest.param(lambda: NF4Weight.from_bnb(*_quant_state(state2=dict(absmax=torch.ones(1, dtype=torch.float64)))),
