@@ -24,6 +24,9 @@ import glob
 import json
 import os
 import re
+import shutil
+import stat
+import tempfile
 import warnings
 from typing import Iterable, Iterator
 
@@ -36,14 +39,38 @@ from ..format import FLOAT_DTYPES, NF4Weight
 from ..nn import DEFAULT_SKIP, Linear4bit, _matches, _tied_linears, check_compute_dtype, check_skip
 
 _QS_KEY = re.compile(r"^(.*)\.weight\.quant_state\.bitsandbytes__(nf4|fp4)$")
+_INDEX = "model.safetensors.index.json"
+_MARK = {"writer": "fastnf4"}  # in every file's header and the index's metadata: what a later save may remove
+
+
+def _checked_file(folder: str, name, what: str) -> str:
+    """``folder/name``, where that is a regular file inside ``folder`` (symlinks resolved): a checkpoint is read from
+    its own folder only, and a FIFO or device would block or never end. A ValueError naming ``name`` otherwise, a
+    FileNotFoundError where there is nothing of that name."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} {name!r} is not a file name")
+    if os.path.isabs(name):
+        raise ValueError(f"{what} {name!r} is an absolute path, outside the checkpoint folder")
+    full = os.path.join(folder, name)
+    root, real = os.path.realpath(folder), os.path.realpath(full)
+    if real == root or os.path.commonpath([root, real]) != root:
+        raise ValueError(f"{what} {name!r} resolves outside the checkpoint folder (to {real})")
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {name!r} is not there ({full})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{what} {name!r} is not a regular file ({full})")
+    return full
 
 
 def _shards(path: str) -> list[str]:
-    """The checkpoint's safetensors files, as transformers picks them: those of ``model.safetensors.index.json``'s
-    weight map, else ``model.safetensors``, else every ``*.safetensors`` file (a repository may hold other files too,
-    e.g. Mistral's ``consolidated.safetensors`` beside the transformers shards)."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    """The checkpoint's safetensors files: those of ``model.safetensors.index.json``'s weight map, else
+    ``model.safetensors``, else every ``*.safetensors`` file (a repository may hold other files too, e.g. Mistral's
+    ``consolidated.safetensors`` beside the transformers shards). Each must be a regular file inside ``path``
+    (:func:`_checked_file`)."""
+    if os.path.lexists(os.path.join(path, _INDEX)):
+        index = _checked_file(path, _INDEX, "index")
         with open(index) as f:
             try:
                 data = json.load(f)
@@ -52,18 +79,16 @@ def _shards(path: str) -> list[str]:
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index} has no weight_map")
-        files = [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
-        missing = [f for f in files if not os.path.isfile(f)]
-        if missing:
-            raise FileNotFoundError(f"{index} names shards that are not there: {missing[:3]}")
-        return files
-    single = os.path.join(path, "model.safetensors")
-    if os.path.isfile(single):
-        return [single]
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        bad = [n for n in weight_map.values() if not isinstance(n, str)]
+        if bad:
+            raise ValueError(f"{index} names shards that are not file names: {bad[:3]}")
+        return [_checked_file(path, name, f"{_INDEX} entry") for name in sorted(set(weight_map.values()))]
+    if os.path.lexists(os.path.join(path, "model.safetensors")):
+        return [_checked_file(path, "model.safetensors", "shard")]
+    files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(glob.escape(path), "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no .safetensors files in {path} (fastnf4 reads safetensors only)")
-    return files
+    return [_checked_file(path, name, "shard") for name in files]
 
 
 def _tensors(path: str, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -128,6 +153,8 @@ def _skeleton(path: str, dtype: torch.dtype, want_bnb_4bit: bool):
         raise NotADirectoryError(f"{path!r} is a file; give the checkpoint's directory (config.json + safetensors)")
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
+    if os.path.lexists(os.path.join(path, "config.json")):  # (a missing one: transformers' own error)
+        _checked_file(path, "config.json", "config")
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     qc = _quantization(config)
     if want_bnb_4bit and (qc is None or not _is_bnb_4bit(qc)):
@@ -152,8 +179,9 @@ def _set_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> N
 
 
 def _set_tensor(model: torch.nn.Module, key: str, value: torch.Tensor, unexpected: list[str]) -> None:
-    """Put a checkpoint tensor in its place; a key the model has no place for goes to ``unexpected`` (transformers
-    skips those too, e.g. an older checkpoint's ``rotary_emb.inv_freq``; what the model lacks is an error later)."""
+    """Put a checkpoint tensor in its place; a key the model does not persist (not in its state_dict) goes to
+    ``unexpected`` (transformers skips those too, e.g. an older checkpoint's ``rotary_emb.inv_freq``; what the model
+    lacks is an error later)."""
     owner, _, attr = key.rpartition(".")
     try:
         mod = model.get_submodule(owner) if owner else model
@@ -162,8 +190,8 @@ def _set_tensor(model: torch.nn.Module, key: str, value: torch.Tensor, unexpecte
         return
     if attr in mod._parameters:
         place = mod._parameters
-    elif attr in mod._buffers:
-        place = mod._buffers
+    elif attr in mod._buffers and attr not in mod._non_persistent_buffers_set:
+        place = mod._buffers  # (a non-persistent one, e.g. rotary inv_freq, is computed by the model: not loaded)
     else:
         unexpected.append(key)
         return
@@ -425,7 +453,13 @@ def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | Non
     """Write ``model`` (with fastnf4 ``Linear4bit`` layers) as a bnb-4bit checkpoint: safetensors plus a
     config.json whose ``quantization_config`` transformers + bitsandbytes understand. With ``max_shard_bytes``, the
     tensors go to shards of at most that size (a tensor larger than it gets a shard of its own) named as transformers
-    names them, with a ``model.safetensors.index.json``. The model is not changed."""
+    names them, with a ``model.safetensors.index.json``. The model is not changed.
+
+    Every file is written under a temporary name in ``path`` first and renamed into place once all are written, so a
+    save that fails leaves the previous checkpoint as it was. Files fastnf4 did not write are never removed: only the
+    shards of a previous fastnf4 save (those its index lists, or its model.safetensors) that this save does not
+    rewrite. A model.safetensors or index of another writer that a loader would read instead of the new files stops
+    the save before it writes anything."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"save_quantized takes a transformers model (an nn.Module with a .config), got "
                         f"{type(model).__name__}")
@@ -449,7 +483,6 @@ def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | Non
         if ident is not None:
             seen[ident] = key
         out[key] = t.detach().contiguous().cpu()
-    _write_shards(out, path, max_shard_bytes)
     q = layers[0].weight_nf4
     # transformers reads the modules left in 16 bits by name (a name matches itself and names ending in it), so the
     # full names: a leaf name such as "q_proj" would keep every layer of that name out of 4 bits
@@ -463,14 +496,13 @@ def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | Non
         # ([] when every linear is in 4 bits: None would make transformers keep its default, lm_head, in 16 bits)
         "llm_int8_skip_modules": unquantized,
     }
-    config.save_pretrained(path)
+    _write_checkpoint(out, config, path, max_shard_bytes)
 
 
-def _write_shards(tensors: dict[str, torch.Tensor], path: str, max_shard_bytes: int | None) -> None:
-    for old in glob.glob(os.path.join(path, "model*.safetensors")) + glob.glob(os.path.join(path, "model.safetensors.index.json")):
-        os.remove(old)  # (a previous save's shards would be read with the new ones)
+def _shard_plan(tensors: dict[str, torch.Tensor], max_shard_bytes: int | None) -> dict[str, dict[str, torch.Tensor]]:
+    """{file name: its tensors}, in order, named as transformers names them."""
     shards: list[dict[str, torch.Tensor]] = [{}]
-    size = total = 0
+    size = 0
     for key, t in tensors.items():
         nbytes = t.numel() * t.element_size()
         if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
@@ -478,14 +510,81 @@ def _write_shards(tensors: dict[str, torch.Tensor], path: str, max_shard_bytes: 
             size = 0
         shards[-1][key] = t
         size += nbytes
-        total += nbytes
     if len(shards) == 1:
-        save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards, 1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
-        weight_map.update({key: name for key in shard})
-    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        return {"model.safetensors": shards[0]}
+    return {f"model-{i:05d}-of-{len(shards):05d}.safetensors": shard for i, shard in enumerate(shards, 1)}
+
+
+def _ours(f: str) -> bool:
+    """Whether ``f`` is a regular safetensors file whose header carries fastnf4's mark."""
+    try:
+        if not stat.S_ISREG(os.lstat(f).st_mode):
+            return False
+        with safe_open(f, framework="pt") as sf:
+            return (sf.metadata() or {}).get("writer") == _MARK["writer"]
+    except Exception:  # missing or unreadable: not known to be ours
+        return False
+
+
+def _own_index_shards(path: str) -> list[str] | None:
+    """The plain file names listed by ``path``'s index where fastnf4 wrote that index, else None."""
+    f = os.path.join(path, _INDEX)
+    try:
+        if not stat.S_ISREG(os.lstat(f).st_mode):
+            return None
+        with open(f) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    meta = data.get("metadata") if isinstance(data, dict) else None
+    if not isinstance(meta, dict) or meta.get("writer") != _MARK["writer"]:
+        return None
+    names = data.get("weight_map").values() if isinstance(data.get("weight_map"), dict) else ()
+    return sorted({n for n in names if isinstance(n, str) and n not in ("", ".", "..") and os.path.basename(n) == n})
+
+
+def _write_checkpoint(tensors: dict[str, torch.Tensor], config, path: str, max_shard_bytes: int | None) -> None:
+    shards = _shard_plan(tensors, max_shard_bytes)
+    single = os.path.join(path, "model.safetensors")
+    sharded = len(shards) > 1
+    # a file of another writer that a loader would read instead of the new ones: refused, not removed
+    if sharded and os.path.lexists(single) and not _ours(single):
+        raise ValueError(f"{single} was not written by fastnf4 and transformers reads it before a shard index: remove "
+                         "it or save to another folder")
+    old = _own_index_shards(path)
+    if not sharded and old is None and os.path.lexists(os.path.join(path, _INDEX)):
+        raise ValueError(f"{os.path.join(path, _INDEX)} was not written by fastnf4 and fastnf4's loaders read it "
+                         "before model.safetensors: remove it or save to another folder")
+    stale = [n for n in old or () if n not in shards]
+    if old is not None and not sharded:
+        stale.append(_INDEX)
+    if sharded and os.path.lexists(single):
+        stale.append("model.safetensors")
+    # one hidden folder inside path: the same file system, so each rename is atomic
+    tmp = tempfile.mkdtemp(prefix=".fastnf4-save-", dir=path)
+    try:
+        config.save_pretrained(tmp)
+        weight_map, total = {}, 0
+        for name, shard in shards.items():
+            save_file(shard, os.path.join(tmp, name), metadata={"format": "pt", **_MARK})
+            weight_map.update({key: name for key in shard})
+            total += sum(t.numel() * t.element_size() for t in shard.values())
+        if sharded:
+            with open(os.path.join(tmp, _INDEX), "w") as f:
+                json.dump({"metadata": {"total_size": total, **_MARK}, "weight_map": weight_map}, f, indent=2)
+        # the shards first, then the index, config.json last: a reader sees no index naming a shard not yet there
+        def order(name: str) -> int:
+            return 0 if name.endswith(".safetensors") else 1 if name == _INDEX else 3 if name == "config.json" else 2
+
+        for name in sorted(os.listdir(tmp), key=order):
+            if os.path.isfile(os.path.join(tmp, name)):
+                os.replace(os.path.join(tmp, name), os.path.join(path, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for name in stale:  # (checked again: only files carrying fastnf4's mark, or its own index)
+        f = os.path.join(path, name)
+        if name == _INDEX or _ours(f):
+            try:
+                os.remove(f)
+            except FileNotFoundError:
+                pass
