@@ -365,6 +365,30 @@ def test_wheel_with_fake_nvcc(tmp_path):
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("case", ["narrowed", "nvcc-fails"])
+def test_wheel_with_fake_nvcc_partial(tmp_path, case):
+    """FASTNF4_CUDA_ARCHS=80 leaves libwgmma out on purpose (no failure, even with FASTNF4_REQUIRE_CUDA_BUILD=1);
+    an nvcc that fails leaves a pure wheel and says so (FASTNF4_REQUIRE_CUDA_BUILD=1 would fail the build)."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    env = {"FASTNF4_NVCC": str(nvcc), "FAKE_NVCC_LOG": str(tmp_path / "nvcc.log")}
+    if case == "narrowed":
+        env.update(FASTNF4_CUDA_ARCHS="80", FASTNF4_REQUIRE_CUDA_BUILD="1")
+    else:
+        env.update(FAKE_NVCC_FAIL="1")
+    res, wheels = _build_wheel(tmp_path, env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    if case == "narrowed":
+        manifest = _check_wheel(wheels[0], str(tmp_path / "x"))
+        assert list(manifest["libraries"]) == ["gemv_mma"] and "wgmma" in manifest["missing"]
+        assert manifest["libraries"]["gemv_mma"]["sass"] == ["sm_80"]
+        assert manifest["libraries"]["gemv_mma"]["ptx"] == ["compute_80"]
+    else:
+        assert wheels[0].endswith("-py3-none-any.whl")
+        assert "libgemv_mma.so was NOT built" in res.stderr + res.stdout
+
+
 def test_wheel_without_nvcc_is_pure_and_says_so(tmp_path):
     res, wheels = _build_wheel(tmp_path, {"PATH": _no_nvcc_path()}, drop=("CUDA_HOME",))
     assert res.returncode == 0, res.stderr[-3000:]
