@@ -458,10 +458,15 @@ def test_wheel_with_nvcc_for_sm90(tmp_path):
 
 @pytest.mark.skipif(not os.environ.get("FASTNF4_TEST_WHEEL"), reason="set FASTNF4_TEST_WHEEL to a built wheel")
 def test_prebuilt_wheel(tmp_path):
-    """A release wheel (default architectures): both libraries with every default target."""
+    """A built wheel: both libraries with every target of the default architectures (or of FASTNF4_CUDA_ARCHS, as
+    the wheel was built with)."""
     manifest = _check_wheel(os.environ["FASTNF4_TEST_WHEEL"], str(tmp_path / "x"))
-    assert set(manifest["libraries"]) == set(_cuda.LIBRARIES)
+    archs = _cuda.parse_archs(os.environ.get("FASTNF4_CUDA_ARCHS"))
+    assert manifest["archs"] == [f"sm_{a}" for a in archs]
     for name, lib in _cuda.LIBRARIES.items():
-        sass, ptx = _cuda.package_targets(lib, _cuda.DEFAULT_ARCHS)
+        sass, ptx = _cuda.package_targets(lib, archs)
+        if not sass:
+            assert name not in manifest["libraries"]
+            continue
         assert manifest["libraries"][name]["sass"] == sass and manifest["libraries"][name]["ptx"] == ptx
     _check_real_libraries(manifest)
