@@ -186,6 +186,25 @@ def test_files_outside_the_folder_are_refused(sharded, checkpoint, tmp_path):
     load_and_quantize(inside, device="cpu")
 
 
+def test_a_hugging_face_cache_snapshot_loads(checkpoint, tmp_path):
+    """huggingface_hub's cache: ``<repo>/snapshots/<rev>/<file>`` are symlinks to ``<repo>/blobs/<hash>``. Those load;
+    a snapshot file linked anywhere else is still refused."""
+    repo = tmp_path / "models--org--tiny"
+    snap, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for i, f in enumerate(sorted(os.listdir(checkpoint[1]))):
+        os.replace(os.path.join(checkpoint[1], f), blobs / f"blob{i}")
+        os.symlink(f"../../blobs/blob{i}", snap / f)
+    load_and_quantize(str(snap), device="cpu")
+    stray = tmp_path / "stray.safetensors"
+    os.replace(os.path.realpath(snap / "model.safetensors"), stray)
+    os.unlink(snap / "model.safetensors")
+    os.symlink(stray, snap / "model.safetensors")
+    with pytest.raises(ValueError, match="model.safetensors.*outside the checkpoint folder"):
+        load_and_quantize(str(snap), device="cpu")
+
+
 _CHILD = """
 import json, sys
 from fastnf4.integrations.transformers import load_and_quantize, load_quantized

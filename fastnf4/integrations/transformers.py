@@ -43,6 +43,16 @@ _INDEX = "model.safetensors.index.json"
 _MARK = {"writer": "fastnf4"}  # in every file's header and the index's metadata: what a later save may remove
 
 
+def _hub_blob(root: str, full: str, real: str) -> bool:
+    """``full`` is a file of a Hugging Face cache snapshot (``<repo>/snapshots/<revision>/...``), a symlink to that
+    repository's ``<repo>/blobs/<hash>``: the layout ``huggingface_hub`` downloads into, which stays inside the repo."""
+    parent = os.path.dirname(root)
+    if os.path.basename(parent) != "snapshots" or not os.path.islink(full):
+        return False
+    blobs = os.path.join(os.path.dirname(parent), "blobs")
+    return os.path.dirname(real) == blobs
+
+
 def _checked_file(folder: str, name, what: str) -> str:
     """``folder/name``, where that is a regular file inside ``folder`` (symlinks resolved): a checkpoint is read from
     its own folder only, and a FIFO or device would block or never end. A ValueError naming ``name`` otherwise, a
@@ -53,7 +63,9 @@ def _checked_file(folder: str, name, what: str) -> str:
         raise ValueError(f"{what} {name!r} is an absolute path, outside the checkpoint folder")
     full = os.path.join(folder, name)
     root, real = os.path.realpath(folder), os.path.realpath(full)
-    if real == root or os.path.commonpath([root, real]) != root:
+    if os.path.commonpath([root, os.path.normpath(os.path.join(root, name))]) != root:
+        raise ValueError(f"{what} {name!r} names a path outside the checkpoint folder")
+    if real == root or (os.path.commonpath([root, real]) != root and not _hub_blob(root, full, real)):
         raise ValueError(f"{what} {name!r} resolves outside the checkpoint folder (to {real})")
     try:
         mode = os.stat(real).st_mode
