@@ -227,10 +227,12 @@ def model_shapes() -> list[tuple[str, str, int, int]]:
     return rows
 
 
-def selected_shapes(models: Iterable[str] | None) -> list[tuple[str, str, int, int]]:
-    """``model_shapes()``, restricted to ``models`` when given (the ``--models`` option)."""
+def selected_shapes(models: Iterable[str] | None, layers: Iterable[str] | None = None) -> list[tuple[str, str, int, int]]:
+    """``model_shapes()``, restricted to ``models`` and ``layers`` (e.g. "gate+up") when given (``--models``,
+    ``--layers``)."""
     shapes = model_shapes()
-    return [s for s in shapes if s[0] in models] if models else shapes
+    shapes = [s for s in shapes if s[0] in models] if models else shapes
+    return [s for s in shapes if s[1] in layers] if layers else shapes
 
 
 def dtype_nested_configs(shapes):

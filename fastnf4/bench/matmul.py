@@ -82,7 +82,7 @@ def check_providers(provs: dict, x: torch.Tensor, ref: torch.Tensor, yardstick: 
 def run(opts) -> dict:
     F = bnb_functional()
     copy = copy_bandwidth()
-    shapes = selected_shapes(opts.models)
+    shapes = selected_shapes(opts.models, getattr(opts, "layers", None))
     ms = tuple(opts.m) if getattr(opts, "m", None) else M_VALUES
     rows = []
     for model, layer, n, k in progress(shapes, desc="matmul"):
