@@ -1,8 +1,14 @@
-"""Markdown summary of committed benchmark JSON (the README's tables come from here).
-usage: python tools/summarize_results.py benchmarks/results/h200-dequant.json [...]"""
+"""Markdown tables of committed benchmark JSON (README.md's and docs/benchmarks.md's tables come from here).
+usage: python tools/summarize_results.py benchmarks/results/h200-dequant.json [...]
+       python tools/summarize_results.py --layer MODEL[,MODEL...] benchmarks/results/h200-matmul-s47-repeat.json
+(--layer: the time of one decoder layer's projections per M, the README's headline table)"""
 import json
+import os
 import sys
 from collections import defaultdict
+
+MODELS_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fastnf4", "bench", "models.json")
+LAYER_MS = (1, 8, 32, 128, 512, 2048)
 
 
 def dequant(d):
@@ -72,7 +78,7 @@ def matmul(d):
 
 
 def matmul_targets(d):
-    """Issue 3's "Done when" lines, each counted over the weights it names (row sizes are of the packed weight)."""
+    """The project's matmul targets, each counted over the weights it names (row sizes are of the packed weight)."""
     rows = d["rows"]
 
     def line(text, ms, min_mb, ok, shown, max_mb=float("inf"), digits=2):
@@ -85,7 +91,7 @@ def matmul_targets(d):
         more = f" (+{len(miss) - 6} more)" if len(miss) > 6 else ""
         print(f"| {text} | {lo:.{digits}f}-{hi:.{digits}f} | {len(good)} of {len(rs)} | {names}{more} |")
 
-    print("Issue 3's lines in this run (\"x\": fastnf4 `linear`'s speedup; \"% floor\": its share of the NF4 byte floor):\n")
+    print("The matmul targets in this run (\"x\": fastnf4 `linear`'s speedup; \"% floor\": its share of the NF4 byte floor):\n")
     print("| line | range | rows that meet it | the misses, worst first |")
     print("|---|---|---|---|")
     line("M = 1, >= 32 MB: >= 60% of the floor (% floor)", (1,), 32, lambda r: r["fastnf4_pct_floor"] >= 60,
@@ -141,7 +147,33 @@ def e2e(d):
               f"| {share} |")
 
 
+def layer_sums(d, model):
+    """One decoder layer of ``model`` (its unfused projections, q k v o gate up down, each once) per M: the sum of
+    each provider's time over those weights. The bench times each distinct shape once (a row "q+o" is the shape q
+    and o share), so a projection's time is that of the row whose layer names it."""
+    with open(MODELS_JSON) as f:
+        linears = [name.removesuffix("_proj") for name in json.load(f)[model]["linear"]]
+    print(f"{NAMES.get(model, model)}, one decoder layer ({', '.join(linears)}; bf16 x, NF4 double-quant weights), "
+          f"`fastnf4 bench matmul` on {d['env']['gpu']} (commit {d['env']['commit']}), us:\n")
+    print("| M (tokens) | fastnf4 | bitsandbytes | cuBLAS bf16 (unquantized) | vs bitsandbytes | vs cuBLAS bf16 |")
+    print("|---|---|---|---|---|---|")
+    for m in LAYER_MS:
+        total = defaultdict(float)
+        for name in linears:
+            (row,) = [r for r in d["rows"] if r["model"] == model and r["M"] == m and name in r["layer"].split("+")]
+            for key in ("fastnf4_us", "bnb_us", "cublas_bf16_us"):
+                total[key] += row[key]
+        f, b, c = total["fastnf4_us"], total["bnb_us"], total["cublas_bf16_us"]
+        print(f"| {m} | {f:.0f} | {b:.0f} | {c:.0f} | {b / f:.2f}x | {c / f:.2f}x |")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--layer"]:
+        for path in sys.argv[3:]:
+            for model in sys.argv[2].split(","):
+                layer_sums(json.load(open(path)), model)
+                print()
+        sys.exit(0)
     for path in sys.argv[1:]:
         d = json.load(open(path))
         {"dequant": dequant, "quantize": quantize, "matmul": matmul, "e2e": e2e}[d["benchmark"]](d)
