@@ -16,6 +16,7 @@ _EXPORTS = {
     "NF4Weight": "format",
     "dequantize": "api", "linear": "api", "quantize": "api",
     "patch_bitsandbytes": "integrations.bitsandbytes", "unpatch_bitsandbytes": "integrations.bitsandbytes",
+    "NF4Config": "integrations.hf_quantizer",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
