@@ -23,12 +23,19 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--prompt", type=int, default=160, help="e2e: prompt tokens (GSM8K-like length)")
     bench.add_argument("--steps", type=int, default=32, help="e2e: timed decode steps")
     bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")
+    doctor = sub.add_parser("doctor", help="versions, GPUs, which kernels run, the bitsandbytes patch and a self-check "
+                                           "of each op (paste its output into bug reports); exit 1 if a check fails")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     opts = parser.parse_args(argv)
     if opts.version:
         import fastnf4
 
         print(fastnf4.__version__)
         return 0
+    if opts.command == "doctor":
+        from fastnf4 import doctor as _doctor
+
+        return _doctor.main(as_json=opts.json)
     if opts.command != "bench":
         parser.print_help()
         return 0
