@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", choices=["dequant", "quantize", "matmul", "paper", "e2e"], help="which benchmark")
     bench.add_argument("--models", nargs="*", default=None,
                        help="restrict to these models (llama-3.3-70b, qwen3-32b, gemma-3-27b)")
+    bench.add_argument("--layers", nargs="*", default=None,
+                       help="matmul: restrict to these layers (q+o, k+v, gate+up, down, qkv, gate_up, q, o)")
     bench.add_argument("--blocksize", type=int, default=64)
     bench.add_argument("--m", type=int, nargs="*", default=None, help="matmul: rows of x (default 1..2048)")
     bench.add_argument("--no-e2e", action="store_true", help="paper: kernels only, skip the generate() decomposition")
