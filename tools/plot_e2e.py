@@ -2,7 +2,7 @@
 CUDA graph solid), one panel per model, from the full-depth ``bench e2e`` results.
 usage: python tools/plot_e2e.py [OUT.png] [JSON ...]
 (default: benchmarks/results/h200-e2e-*.json -> benchmarks/results/h200-e2e.png; rows of runs cut to fewer
-layers than the model has, such as h200-e2e-8layers.json, are left out; where two files hold the same model,
+layers than the model has (`bench e2e --e2e-layers`) are left out; where two files hold the same model,
 the newer run wins)"""
 import glob
 import json
