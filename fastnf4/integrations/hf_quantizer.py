@@ -283,6 +283,10 @@ class FastNF4Quantizer(HfQuantizer):
 
     def _process_model_before_weight_loading(self, model, device_map=None, **kwargs):
         skip = self.get_modules_to_not_convert(model, self.skip, getattr(model, "_keep_in_fp32_modules", None))
+        # weights tied to another module's stay dense even where a list given replaces transformers' default (which
+        # has them): a 4-bit copy would untie them (bitsandbytes' layer then fails in its forward)
+        tied = getattr(model, "all_tied_weights_keys", None) or {}
+        skip.extend(sorted({k.removesuffix(".weight") for pair in tied.items() for k in pair} - set(skip)))
         if self.bnb and self.quantization_config.llm_int8_enable_fp32_cpu_offload and isinstance(device_map, dict):
             skip.extend(k for k, v in device_map.items() if _device_kind(v) in ("cpu", "disk"))
         self.modules_to_not_convert = skip
