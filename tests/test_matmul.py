@@ -344,17 +344,12 @@ def test_burst_words_fit_asks_for_whole_words_at_both_ends():
 
 
 def test_wgmma_wrappers_are_the_generated_ones():
-    """The long wgmma operand lists in wgmma.cu are benchmarks/gen_wgmma.py's output, verbatim."""
-    import importlib.util
+    """The long wgmma operand lists in wgmma.cu are fastnf4/ops/matmul/gen_wgmma.py's output, verbatim."""
     import pathlib
 
-    from fastnf4.ops.matmul import wgmma
+    from fastnf4.ops.matmul import gen_wgmma, wgmma
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("gen_wgmma", root / "benchmarks" / "gen_wgmma.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    assert gen.wrappers() in pathlib.Path(wgmma.SOURCE).read_text()
+    assert gen_wgmma.wrappers() in pathlib.Path(wgmma.SOURCE).read_text()
 
 
 def test_linear_errors():
@@ -654,11 +649,11 @@ def test_m2_decode_kernel_pick_follows_the_h200_measurements():
     assert gemv_mma.picks_by_cost(1, 57344, 8192) and not gemv_mma.picks_by_cost(3, 4096, 5376)
 
 
-def test_split_major_plans_fit_their_staged_x(monkeypatch):
+def test_split_major_plans_fit_their_staged_x():
     """The split-major cluster plans (x too large to stage whole, each block staging its splits' part of K) are offered
     only where x is not staged whole, with whole splits per block, and with the staged x and the partial-sum slots
     together inside the table's 256 holes; on the H200 (132 SMs, clusters of two) Llama and Qwen down take one at M = 1
-    (Qwen down measured 30.2 -> 27.3 us, session 21). FASTNF4_GEMV_SPLIT_XS=0 turns them off."""
+    (Qwen down measured 30.2 -> 27.3 us, session 21)."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma
 
@@ -679,8 +674,6 @@ def test_split_major_plans_fit_their_staged_x(monkeypatch):
                 assert rounds * warps + m * 2 * (warps // tpb) * p <= gemv_mma.LOCAL_HOLES
                 taken.add((model, layer, m, warps))
     assert ("llama-3.3-70b", "down", 1, 16) in taken and ("qwen3-32b", "down", 1, 20) in taken
-    monkeypatch.setenv("FASTNF4_GEMV_SPLIT_XS", "0")
-    assert gemv_mma.split_stage_m(1, 28672) == 0
 
 
 def test_pdl_decision_never_touches_a_gpu(monkeypatch):
@@ -709,13 +702,14 @@ def test_is_kernel_code():
 
 
 def test_wgmma_rounded_code_variants_match_the_source():
-    """``wgmma.FAST_MAX_BM`` (the GPU tests' error budget per variant) is the kernel's default ``kFastMaxBM``."""
+    """``wgmma.FAST_MAX_BM`` (the GPU tests' error budget per variant) is the kernel's ``kFastMaxBM``."""
     import re
 
     from fastnf4.ops.matmul import wgmma
 
     src = open(wgmma.SOURCE).read()
-    default = re.search(r"#else\s+constexpr int kFastMaxBM = (\d+);", src)
+    assert len(re.findall(r"constexpr int kFastMaxBM\b", src)) == 1
+    default = re.search(r"^constexpr int kFastMaxBM = (\d+);", src, re.MULTILINE)
     assert default is not None and int(default.group(1)) == wgmma.FAST_MAX_BM
     assert wgmma.FAST_MAX_BM in wgmma.BLOCK_M
 

@@ -200,17 +200,17 @@ def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
 
 @pytest.mark.parametrize("n, k", [(17, 128), (17, 96), (1000, 4096), (1000, 4128), (3000, 5376), (700, 8192),
                                   (300, 11392)])
-def test_staged_x_gives_the_bits_of_x_in_registers(n, k, monkeypatch):
+def test_staged_x_gives_the_bits_of_x_in_registers(n, k):
     """The decode kernels' staged x (x copied once per block into the table's top holes, gemv_mma.x_holes) gives
-    the bits of the register path (x loaded one slice ahead) for the same plan: M = 1 and 2, both decode kernels,
-    block-local and global split-K and none; K not a multiple of the slice (96, 4128) and x too large to stage (M = 2
-    at K = 8192, M = 1 at K = 11392) take the register path. Fresh data, outputs poisoned, and the arithmetic model holds."""
+    the bits of the register path (x loaded one slice ahead, ``stage_x=False``) for the same plan: M = 1 and 2, both
+    decode kernels, block-local and global split-K and none; K not a multiple of the slice (96, 4128) and x too large
+    to stage whole (M = 2 at K = 8192, M = 1 at K = 11392) take the register path, or, with a global split-K of one
+    item per warp, x staged split-major (its own test below). Fresh data, outputs poisoned, and the arithmetic model
+    holds."""
     torch.manual_seed(n + k)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64)
     slices = -(-k // 128)
-    monkeypatch.setenv("FASTNF4_GEMV_GSPLIT", "0")  # (x staged split-major: its own test below)
     for m in (1, 2):
-        monkeypatch.setenv("FASTNF4_GEMV_XS", "1")
         staged = gemv_mma.x_holes(m, k)
         assert (staged > 0) == (k % 128 == 0 and 2 * m * slices <= gemv_mma.X_HOLES_MAX)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -222,10 +222,12 @@ def test_staged_x_gives_the_bits_of_x_in_registers(n, k, monkeypatch):
                 if splits and -(-slices // splits[1]) != splits[0]:
                     continue
                 ys = []
-                for xs in ("1", "0"):
-                    monkeypatch.setenv("FASTNF4_GEMV_XS", xs)
-                    p = gemv_mma.Prepared(x, *linear_args(q), splits=splits, kernel=kernel, local=local)
-                    assert p.params.xs == (staged if xs == "1" else 0)
+                for xs in (True, False):
+                    p = gemv_mma.Prepared(x, *linear_args(q), splits=splits, kernel=kernel, local=local, stage_x=xs)
+                    if xs and p.params.gsplit:  # (x too large to stage whole, staged split-major instead)
+                        assert staged == 0 and p.params.xs > 0
+                    else:
+                        assert p.params.gsplit == 0 and p.params.xs == (staged if xs else 0)
                     y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                     ys.append(p(x, y))
                 assert torch.isfinite(ys[0]).all() and torch.equal(ys[0], ys[1]), (m, kernel, splits, local)
@@ -273,11 +275,11 @@ def test_split_major_clusters_stage_their_part_of_x(n, k):
 
 
 @pytest.mark.parametrize("n, k", [(1000, 16384), (700, 12288), (100, 16384)])
-def test_split_major_global_plans_stage_their_part_of_x(n, k, monkeypatch):
+def test_split_major_global_plans_stage_their_part_of_x(n, k):
     """Global split-K plans of one item per warp for x too large to stage whole take the items split-major
     (gemv_mma.cu Params.gsplit), each block staging only the splits its warps take (two, or more where the tiles
-    are fewer than a block's warps: 100 rows): the bits of the same plan with x in registers, at M = 1 and 2, both
-    decode kernels; fresh data, outputs poisoned, and the arithmetic model holds."""
+    are fewer than a block's warps: 100 rows): the bits of the same plan with x in registers (``stage_x=False``), at
+    M = 1 and 2, both decode kernels; fresh data, outputs poisoned, and the arithmetic model holds."""
     torch.manual_seed(n + k)
     q = fastnf4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05, blocksize=64, double_quant=True)
     slices, tiles = k // 128, -(-n // 16)
@@ -293,11 +295,10 @@ def test_split_major_global_plans_stage_their_part_of_x(n, k, monkeypatch):
                 if -(-slices // per) != s:
                     continue
                 ys = []
-                for gs in ("1", "0"):
-                    monkeypatch.setenv("FASTNF4_GEMV_GSPLIT", gs)
-                    p = gemv_mma.Prepared(x, *linear_args(q), splits=(s, per), kernel=kernel, local=False)
+                for gs in (True, False):
+                    p = gemv_mma.Prepared(x, *linear_args(q), splits=(s, per), kernel=kernel, local=False, stage_x=gs)
                     span = min(s, 1 + -(-(warps - 1) // tiles))
-                    want = gs == "1" and m * 2 * span * per <= gemv_mma.LOCAL_HOLES
+                    want = gs and m * 2 * span * per <= gemv_mma.LOCAL_HOLES
                     assert p.params.gsplit == int(want) and p.params.xs == (m * 2 * span * per if want else 0)
                     ys.append(p(x, torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)))
                     tried += want

@@ -152,8 +152,8 @@ def mma_wanted(m: int, n: int, k: int) -> bool:
 #
 # M = 9-32 (x rows per block 16 / 32, which decode with rounded codes: wgmma.cu kFastMaxBM): the wgmma kernel's time
 # hardly moves with M there (decode-bound), the GEMM kernel's grows with its variant (M <= 8 / 16 / 32, so M = 16
-# stands for 9-16 and M = 24 / 32 for 17-32). benchmarks/probe_wgmma.py --small at c06ecc0 built with
-# -DFASTNF4_WG_FAST_MAX_BM=64 (BM 16 / 32 decode as the default build does now)
+# stands for 9-16 and M = 24 / 32 for 17-32). benchmarks/probe_wgmma.py --small at c06ecc0 built with kFastMaxBM = 64
+# (BM 16 / 32 decode as the default build does now)
 # (results/h200-probe-wgmma-small-fast.json, graph timing, us, wgmma vs GEMM kernel):
 # - M 17-32: wgmma won on all 17 weights of >= 20M elements (closest: Llama down 112.7 vs 119.0 at M 24, Llama qkv
 #   49.4 vs 56.3, Gemma down 65.3 vs 70.4; widest: Qwen gate_up 118.8 vs 240.3 at M 32).

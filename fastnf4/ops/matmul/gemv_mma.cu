@@ -82,12 +82,12 @@ template <typename T> struct Pair {
 // every global memory access comes after it. ``pdl_launch_dependents`` lets the next PDL grid be scheduled as
 // soon as every block of this one has started (it waits the same way). Both are no-ops without the attribute.
 __device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FASTNF4_NO_PDL)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(FASTNF4_NO_PDL_TRIGGER) && !defined(FASTNF4_NO_PDL)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
@@ -158,9 +158,7 @@ __device__ __forceinline__ void sum_tile(const Params& p, long long tile, int la
     const long long m = i / 16, row = tile * 16 + (i % 16);
     if (row >= N) continue;
     float v = 0.f;
-#if !defined(FASTNF4_DIAG_SETTLE_STORE_ONLY)
     for (long long s = 0; s < p.splits; ++s) v += __ldcg(p.partial + (s * M + m) * N + row);
-#endif
     if (p.bias) v += Pair<T>::load(p.bias, row);
     Pair<T>::store(p.y, m * N + row, v);
   }
@@ -181,46 +179,27 @@ __device__ __forceinline__ void settle_splits(const Params& p, long long first, 
   // Arrivals are acquire-release atomics after a warp barrier (release: cumulative over the partial sums the warp's
   // lanes wrote before the barrier; acquire: the arriving lane's, passed to the whole warp by a second warp barrier,
   // as CUTLASS's semaphore does with a block barrier), instead of a full fence per lane before the arrivals and
-  // another before the reads (FASTNF4_SETTLE_FENCES, the form before session 24): H200, probe_decode.py, two rounds,
-  // 0.2-0.3 us faster on the weights whose plans settle globally (Gemma down / gate+up), the others unchanged.
-#if !defined(FASTNF4_SETTLE_FENCES)
+  // another before the reads (the form before session 24): H200, probe_decode.py, two rounds, 0.2-0.3 us faster on
+  // the weights whose plans settle globally (Gemma down / gate+up), the others unchanged.
   __syncwarp();  // the partial sums written by the warp's lanes precede every lane's arrival (release, cumulative)
-#else
-  __threadfence();  // this lane's partial sums are visible ...
-  __syncwarp();     // ... before any lane of the warp counts an arrival
-#endif
   for (long long base = first; base < items; base += 32 * stride) {
     const long long item = base + lane * stride;
     const long long tile = (item / splits) * mult + add;
     bool last = false;
-#if !defined(FASTNF4_SETTLE_FENCES)
     if (item < items && tile * 16 < p.N) {
-#if defined(FASTNF4_DIAG_SETTLE_STORE_ONLY)  // diagnostic: no atomics, split 0's worker stores y (wrong values)
-      last = item % splits == 0;
-#else
       unsigned old;
       asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(p.counters + tile) : "memory");
       last = old == static_cast<unsigned>(splits - 1);
-#endif
     }
     unsigned todo = __ballot_sync(0xffffffffu, last);
     if (todo) __syncwarp();  // the arriving lanes' acquires precede the whole warp's reads of the partials
-#else
-    if (item < items && tile * 16 < p.N) last = atomicAdd(p.counters + tile, 1) == splits - 1;
-    unsigned todo = __ballot_sync(0xffffffffu, last);
-    if (todo) __threadfence();  // the other workers' partials are visible here
-#endif
     while (todo) {
       const int src = __ffs(todo) - 1;
       todo &= todo - 1;
       const long long done = ((base + src * stride) / splits) * mult + add;
-#if !defined(FASTNF4_DIAG_SETTLE_NO_SUM)  // diagnostic: the arrivals and counter resets only (y never written)
       sum_tile<T>(p, done, lane);
-#endif
       __syncwarp();
-#if !defined(FASTNF4_DIAG_SETTLE_STORE_ONLY)
       if (lane == 0) atomicExch(p.counters + done, 0);
-#endif
     }
   }
 }
@@ -397,7 +376,7 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 //   of the lane's first / last pair come by cached loads into two registers (``na_ldg``, staged-x builds), a phase
 //   ahead as well (faster or equal on 14 of 15 weights than two more 4-byte copies per lane and phase, e.g. Qwen
 //   gate_up 46.6 -> 45.3 us, sessions 22-23), or by copies into words 6 / 7 (word w of lane l at byte 128 w + 4 l;
-//   register-x builds, and all with -DFASTNF4_STATS_NA_CPASYNC).
+//   register-x builds).
 // This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
 // the kernel time on the H200, NOTES.md session 5) off the warp's path.
 struct PhaseAt {
@@ -418,12 +397,7 @@ __device__ __forceinline__ PhaseAt phase_at(const Params& p, long long tile, int
 
 // Weight copies of the decode and GEMM kernels ask L2 for whole 128-byte lines (a warp's copy of one row covers
 // half a line per slice; H200, probe_decode.py: M = 1 Llama gate_up / down 112.0 / 58.9 -> 108.3 / 56.2 us, the
-// other large weights within 1%)
-#if defined(FASTNF4_MMA_L2)  // experiments
-#define FASTNF4_MMA_L2Q ".L2::" FASTNF4_MMA_L2
-#else
-#define FASTNF4_MMA_L2Q ".L2::128B"
-#endif
+// other large weights within 1%): ``cp_async16_weights_if``'s .L2::128B
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int size) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(size));
 }
@@ -445,7 +419,7 @@ __device__ __forceinline__ void cp_async16_if(uint32_t dst, const void* src, boo
 __device__ __forceinline__ void cp_async16_weights_if(uint32_t dst, const void* src, bool on, uint64_t policy) {
   asm volatile(
       "{\n .reg .pred off;\n setp.eq.u32 off, %2, 0;\n"
-      " cp.async.cg.shared.global.L2::cache_hint" FASTNF4_MMA_L2Q " [%0], [%1], 16, off, %3;\n}\n" ::"r"(dst),
+      " cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, off, %3;\n}\n" ::"r"(dst),
       "l"(src), "r"(static_cast<uint32_t>(on)), "l"(policy));
 }
 
@@ -610,22 +584,7 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
 //   raw bytes that cp.async brought into shared memory a phase earlier (``fetch_stats``);
 // - x is prefetched one slice ahead in registers (two steps per loop trip alternate the buffers); 32-bit
 //   offsets inside a work item; split-K partial sums are settled when the warp has no work left.
-// Timing-only build switches (wrong results): FASTNF4_DIAG_STATS_ONCE stages statistics once per warp,
-// FASTNF4_DIAG_PHASE16 does the statistics work of a phase every 16 slices instead of 8 (with
-// FASTNF4_DIAG_PHASE16_DECODE2 decoding two phases' values there),
-// FASTNF4_DIAG_NO_STATS_FETCH decodes every phase but copies no statistics after the first phase,
-// FASTNF4_DIAG_NO_SETTLE skips the split-K settlement, FASTNF4_DIAG_NO_LOOKUP feeds the packed words to the mma
-// instead of the table lookups, FASTNF4_DIAG_NO_MMA replaces the mma by an add, FASTNF4_DIAG_NO_TABLE skips the
-// table build, FASTNF4_DIAG_EXIT = 0 / 1 returns at the start / after the table build; of the global settle,
-// FASTNF4_DIAG_SETTLE_STORE_ONLY keeps only the y stores, FASTNF4_DIAG_SETTLE_NO_SUM only the arrivals, and
-// FASTNF4_DIAG_SETTLE_DELAY = ns makes every warp wait that long first; they measure what those parts cost (NOTES.md).
 namespace pipe {
-#ifndef FASTNF4_PIPE_WARPS1
-#define FASTNF4_PIPE_WARPS1 16
-#endif
-#ifndef FASTNF4_PIPE_STAGES1
-#define FASTNF4_PIPE_STAGES1 6
-#endif
 constexpr int kPhase = 8;                      // slices per statistics phase: 32 chunks of 32 codes per row
 constexpr int kTableBytes = 256 * 256;
 constexpr int kHoles = 256;  // free 128-byte halves of the table's entries: block-local partial-sum slots (LOCAL_HOLES)
@@ -635,8 +594,8 @@ constexpr int kHoles = 256;  // free 128-byte halves of the table's entries: blo
 // up to ~84M elements launched alone and up to 6% slower on some larger ones (NOTES.md, session 13);
 // ``gemv_mma.choose`` picks.
 template <int CG, int kCfg = 0> struct Cfg {
-  static constexpr int kWarps = kCfg ? 20 : FASTNF4_PIPE_WARPS1;
-  static constexpr int kStages = kCfg ? 4 : FASTNF4_PIPE_STAGES1;
+  static constexpr int kWarps = kCfg ? 20 : 16;
+  static constexpr int kStages = kCfg ? 4 : 6;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRingBytes = kStages * 1024;  // [stage][row half A/B][lane] x 16 bytes
   static constexpr int kRawBytes = 16 * 80;  // raw statistics of the next phase: 16 rows' windows (see fetch_stats)
@@ -755,31 +714,20 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const uint32_t tpad = (0u - smem_s) & 0xffffu;
   const int below = static_cast<int>(tpad) / kWarpBytes;
   uint32_t* table = reinterpret_cast<uint32_t*>(smem + tpad);
-#if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 0  // timing experiment only: the launch alone
-  if (p.M > 0) return;
-#endif
   // The pair table is built while the first weight copies are in flight (after they are issued, before the block
   // barrier ahead of the first step; H200, NOTES.md session 21), or, when its source is a constant (PDL launches),
   // before pdl_wait: it then overlaps the previous kernel's drain.
-#if defined(FASTNF4_TABLE_FIRST)  // A / B: the table built first, as before session 21
-  const bool table_first = true;
-#else
   const bool table_first = p.code_const != 0;
-#endif
   static_assert(C::kThreads >= 256, "one nested code per thread");
   if (table_first && p.code_const) {
-#if !defined(FASTNF4_DIAG_NO_TABLE)  // timing experiment only (wrong results): no table build
     build_pair_table<T>(table, p.code, C::kThreads);
-#endif
   }
   pdl_wait();
   // (late build) the 16 code values and this thread's nested code, loaded before the weight copies are issued
   const float code_l = table_first ? 0.f : __ldg(p.code + (threadIdx.x & 15));
   const float nested_t = kNested && threadIdx.x < 256 ? __ldg(p.nested_code + threadIdx.x) : 0.f;
   if (table_first && !p.code_const) {
-#if !defined(FASTNF4_DIAG_NO_TABLE)
     build_pair_table<T>(table, p.code, C::kThreads);
-#endif
   }
   auto store_nested = [&]() {  // (read after pdl_wait: the nested codes are not a constant)
     if (kNested && threadIdx.x < 256) nested_code[threadIdx.x] = nested_t;
@@ -963,11 +911,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // nested absmax of the next phase in registers (cached loads; see fetch_stats) where x is staged: the register-x
   // builds keep the copies (with the two registers they lost 0.2-1.3 us at M = 2 on the H200, e.g. 5120 x 25600
   // 31.5 -> 32.9 us, where the cluster build spilled; equal at M = 1; NOTES.md session 23)
-#if defined(FASTNF4_STATS_NA_CPASYNC)
-  constexpr bool kNaRegs = false;
-#else
   constexpr bool kNaRegs = kNested && kXs;
-#endif
   float2 na_store = make_float2(0.f, 0.f);
   float2* na_reg = kNaRegs ? &na_store : nullptr;
   bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
@@ -999,9 +943,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   for (int c = 0; c < CG; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
   const int c0 = (2 * t) & 3;
   int rel = 0;  // slice index inside the work item
-#ifdef FASTNF4_DIAG_STATS_ONCE  // timing experiment only (wrong results): statistics staged once per warp
-  bool diag_once = false;
-#endif
   // kXs: this lane's x registers, zeroed once (a lane without x never loads: its B operand stays zero; zeroing them
   // every slice was 8 more instructions per slice and 0.1-1.1 us slower at M = 1, H200, session 21)
   uint4 xs_keep[4];
@@ -1041,21 +982,11 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
       for (int i = 0; i < 4; ++i) xs_keep[i] = xsm[0][i];
     }
     const uint4 (*xcur)[4] = kXs ? xsm : xreg;  // [CG][4]
-#ifdef FASTNF4_DIAG_STATS_ONCE
-    if (rel == 0 && !diag_once) {
-      diag_once = true;
-#elif defined(FASTNF4_DIAG_PHASE16)  // timing experiment only (wrong results): statistics work every 16 slices
-    if ((rel & (2 * kPhase - 1)) == 0) {
-#else
     if ((rel & (kPhase - 1)) == 0) {
-#endif
       if (fetched) {
         // that group is done once at most since - 1 newer ones are pending (always so after kStages - 1 steps)
         if (since < kStages - 1) cp_async_wait_upto<kStages - 1>(since - 1);
         decode_stats<kNested>(p, raw_s, nested_s, stats, offset, cp.tile, cp.slice, lane, log2_bs, na_reg);
-#if defined(FASTNF4_DIAG_PHASE16_DECODE2)  // (with PHASE16: the decode work of both halves of a 16-slice phase)
-        decode_stats<kNested>(p, raw_s, nested_s, stats, offset, cp.tile, cp.slice + kPhase, lane, log2_bs, na_reg);
-#endif
       } else {
         stage_stats<kNested>(p, stats, nested_code, offset, cp.tile, cp.slice, lane, log2_bs, pair_shares_block);
       }
@@ -1068,9 +999,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
           advance(n);
         }
         fetched = n.tile < tiles;
-#if !defined(FASTNF4_DIAG_NO_STATS_FETCH)  // timing experiment only (wrong results): each phase decodes stale raw bytes
         if (fetched) fetch_stats<kNested>(p, raw_s, n.tile, n.slice, lane, log2_bs, nblocks, na_reg);
-#endif
         since = 0;
       }
     }
@@ -1092,12 +1021,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       uint32_t a0, a1, a2, a3;
-#if defined(FASTNF4_DIAG_NO_LOOKUP)  // timing experiment only (wrong results): the packed words as fragments
-      a0 = wA[s >> 1];
-      a1 = wB[s >> 1];
-      a2 = wA[s >> 1] >> 8;
-      a3 = wB[s >> 1] >> 8;
-#else
       if (s & 1) {
         a0 = lookup_based<2>(lane_tb, wA[s >> 1]);
         a1 = lookup_based<2>(lane_tb, wB[s >> 1]);
@@ -1109,15 +1032,10 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
         a2 = lookup_based<1>(lane_tb, wA[s >> 1]);
         a3 = lookup_based<1>(lane_tb, wB[s >> 1]);
       }
-#endif
 #pragma unroll
       for (int c = 0; c < CG; ++c) {
         const uint4 q = xcur[c][s >> 1];
-#if defined(FASTNF4_DIAG_NO_MMA)  // timing experiment only (wrong results): no tensor-core work
-        cf[c][s & 3] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ q.x) & 0x3fffffffu);
-#else
         mma16816<T>(cf[c], a0, a1, a2, a3, (s & 1) ? q.z : q.x, (s & 1) ? q.w : q.y);
-#endif
       }
     }
     float2 sA, sB;
@@ -1175,9 +1093,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // two steps per trip, alternating the x buffers (no register copies)
   uint4 xb2[CG][4], w1[2], w2[2];
   if (!table_first) {
-#if !defined(FASTNF4_DIAG_NO_TABLE)
     build_pair_table_from<T>(table, code_l, C::kThreads);
-#endif
     store_nested();
   }
   if constexpr (kXs) {
@@ -1186,9 +1102,6 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     cp_async_wait_upto<kStages + 1>(kStages - 1 + (fetched ? 1 : 0));
   }
   if (!table_first || kXs) __syncthreads();  // the table, nested codes (and staged x) written by every thread
-#if defined(FASTNF4_DIAG_EXIT) && FASTNF4_DIAG_EXIT == 1  // timing experiment only: launch and table build
-  if (p.M > 0) return;
-#endif
   cp_async_wait<kStages - 2>();  // the first slice's group has landed
   read_ring(w1);
   while (cp.tile < tiles) {
@@ -1241,18 +1154,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     if constexpr (kLocal == 2) cluster_barrier();  // every block's partials stay readable until all have read them
     return;
   }
-#if defined(FASTNF4_DIAG_SETTLE_DELAY)  // diagnostic: every warp waits this many ns before its settle (or its exit)
-  {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < FASTNF4_DIAG_SETTLE_DELAY);
-  }
-#endif
-#ifndef FASTNF4_DIAG_NO_SETTLE
   settle_splits<T>(p, warp0, warps, tiles * splits, 1, 0, lane);
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1267,15 +1169,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
 // chunk's float32 absmax per row and added to the accumulators: the same arithmetic as the decode kernel
 // (codes rounded to the input dtype by the table, block scale in float32) with B = plain x (column = x row).
 namespace gemm {
-#ifndef FASTNF4_GEMM_WARPS
-#define FASTNF4_GEMM_WARPS 16
-#endif
-#ifndef FASTNF4_GEMM_STAGES
-#define FASTNF4_GEMM_STAGES 4
-#endif
-constexpr int kWarps = FASTNF4_GEMM_WARPS;
+constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = FASTNF4_GEMM_STAGES;
+constexpr int kStages = 4;
 constexpr int kTableBytes = 256 * 256;  // as the decode kernel: entry v of lane l at byte 256 v + 4 l
 constexpr int kXRow = 320;              // bytes per x row of a stage (256 used; 80 words: conflict-free reads)
 constexpr int kWarpBytes = kStages * 1024 + 16 * kStatStride * 4;
@@ -2028,9 +1924,6 @@ void* pick_decode(int local) {
 }
 template <typename T, bool kNested>
 void* pick_local(int variant, int local, bool xs) {
-#if defined(FASTNF4_NO_XS)  // A / B builds: the decode kernels without staged x (fastnf4_gemv_mma_xs says so)
-  xs = false;
-#endif
   switch (variant) {
     case 0: return xs ? pick_decode<T, kNested, 0, true>(local) : pick_decode<T, kNested, 0, false>(local);
     case 5: return xs ? pick_decode<T, kNested, 1, true>(local) : pick_decode<T, kNested, 1, false>(local);
@@ -2155,15 +2048,6 @@ int fastnf4_gemv_mma_clusters(int dtype, int variant, int nested, int size) {
     least = least < 0 || clusters < least ? clusters : least;
   }
   return least;
-}
-
-// Whether the decode kernels have the staged-x builds (Params::xs); 0 in A / B builds made without them.
-int fastnf4_gemv_mma_xs() {
-#if defined(FASTNF4_NO_XS)
-  return 0;
-#else
-  return 1;
-#endif
 }
 
 // Warps per block and weight rows per work item of a kernel variant.

@@ -55,8 +55,6 @@ class _Lib:
         # capture) never trigger lazy loading.
         self.occupancy = {(d, v, nested): lib.fastnf4_gemv_mma_occupancy(d, v, nested)
                           for d in (0, 1) for v in VARIANTS for nested in (0, 1)}
-        lib.fastnf4_gemv_mma_xs.restype = ctypes.c_int
-        self.xs = bool(lib.fastnf4_gemv_mma_xs())  # the decode kernels have the staged-x builds (see x_holes)
         lib.fastnf4_gemv_mma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_gemv_mma_clusters.restype = ctypes.c_int
         # clusters of the decode kernels' block-local build resident at once (for local_plan), asked now
@@ -269,10 +267,9 @@ def global_split_holes(m: int, n: int, k: int, warps: int, block_warps: int, s: 
     """Holes of staged x for the global split-K plan (``s`` parts of ``per`` slices) on ``warps`` warps in blocks of
     ``block_warps``, taken split-major (gemv_mma.cu Params.gsplit): x too large to stage whole, every item on its own
     warp; each block stages the one or two splits its warps take (more where the tiles are fewer than its warps).
-    0 where it does not apply (FASTNF4_GEMV_GSPLIT=0: the A / B switch)."""
+    0 where it does not apply."""
     slices, tiles = -(-k // SLICE), -(-n // 16)
-    if (m > 2 or k % SLICE or x_holes(m, k) or s < 2 or (s - 1) * per >= slices or tiles * s > warps
-            or not staging_on() or not global_split_staging()):
+    if m > 2 or k % SLICE or x_holes(m, k) or s < 2 or (s - 1) * per >= slices or tiles * s > warps:
         return 0
     h = m * 2 * min(s, 1 + -(-(block_warps - 1) // tiles)) * per
     return h if h <= LOCAL_HOLES else 0
@@ -360,8 +357,8 @@ def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True, rows: int
 
 # Block-local split-K of the decode kernel (gemv_mma.cu, Params::local): the S parts of a 16-row tile run on S warps
 # of one block and are added in shared memory after a block barrier, instead of the fence, atomic counter and float32
-# partials in global memory of the settle (which cost 2.3-7 us per call at M = 1: H200, probe_decode.py with
-# FASTNF4_DIAG_NO_SETTLE, session 19). A block then takes U / S whole tiles per round (U <= its warps), so some splits
+# partials in global memory of the settle (which cost 2.3-7 us per call at M = 1: H200, probe_decode.py with the
+# settle compiled out, session 19). A block then takes U / S whole tiles per round (U <= its warps), so some splits
 # leave warps idle; ``local_plan`` takes it only where its rounds x (slices per split + ITEM_COST) are no more than the
 # global plan's (ITEM_COST: a work item's own statistics phase and start, in slices).
 LOCAL_HOLES = 256  # partial-sum slots per block (the table's free halves, less x_holes): rounds x warps must fit
@@ -377,15 +374,6 @@ LOCAL_CLUSTERS = (2,)
 CLUSTER_SIZES = range(2, 9)  # the sizes whose resident clusters the library is asked for (forced plans: any)
 
 
-def local_clusters() -> tuple[int, ...]:
-    """The cluster sizes the plans may take: LOCAL_CLUSTERS, or FASTNF4_GEMV_CLUSTERS (e.g. "2,3"; "" none: the A / B
-    switch)."""
-    env = os.environ.get("FASTNF4_GEMV_CLUSTERS")
-    if env is None:
-        return LOCAL_CLUSTERS
-    return tuple(int(c) for c in env.split(",") if c.strip())
-
-
 ITEM_COST = 1
 
 
@@ -395,30 +383,16 @@ ITEM_COST = 1
 STAGED_X_GAIN = 0.9
 
 
-def staging_on() -> bool:
-    """Whether the decode kernels may stage x (FASTNF4_GEMV_XS=0 turns it off: the A / B switch)."""
-    return os.environ.get("FASTNF4_GEMV_XS", "1") != "0"
-
-
-def global_split_staging() -> bool:
-    """Whether global split-K plans of one item per warp may stage x split-major (FASTNF4_GEMV_GSPLIT=0: the A / B
-    switch)."""
-    return os.environ.get("FASTNF4_GEMV_GSPLIT", "1") != "0"
-
-
 def split_stage_m(m: int, k: int) -> int:
-    """M where x of M rows could be staged by split-major cluster blocks although not whole (else 0; 0 also with
-    FASTNF4_GEMV_SPLIT_XS=0, the A / B switch)."""
-    return m if (m <= 2 and k % SLICE == 0 and x_holes(m, k) == 0 and staging_on()
-                 and os.environ.get("FASTNF4_GEMV_SPLIT_XS", "1") != "0") else 0
+    """M where x of M rows could be staged by split-major cluster blocks although not whole (else 0)."""
+    return m if m <= 2 and k % SLICE == 0 and x_holes(m, k) == 0 else 0
 
 
 def x_holes(m: int, k: int) -> int:
     """Holes of the decode kernel's table that x takes when staged (two per 128-wide slice and row), or 0 where it
-    stays in registers (too large, K % 128 != 0 (the staged build drops the K bound of the weight copies) or
-    FASTNF4_GEMV_XS=0)."""
+    stays in registers (too large, or K % 128 != 0: the staged build drops the K bound of the weight copies)."""
     h = m * 2 * (k // SLICE)
-    return h if m <= 2 and k % SLICE == 0 and h <= X_HOLES_MAX and staging_on() else 0
+    return h if m <= 2 and k % SLICE == 0 and h <= X_HOLES_MAX else 0
 
 
 def local_groups(blocks: int, c: int, clusters: dict[int, int]) -> int:
@@ -485,7 +459,8 @@ class Prepared:
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
                  nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None,
-                 local: bool | None = None, local_cluster: int | None = None, local_split: bool = False):
+                 local: bool | None = None, local_cluster: int | None = None, local_split: bool = False,
+                 stage_x: bool = True):
         index = _index(x2d.device)
         lib = _lib_for(index)
         m = x2d.shape[0]
@@ -500,7 +475,7 @@ class Prepared:
             occ16 = lib.occupancy[(dt, 0, int(nested))]
             if occ16 > 0 and occ20 > 0:  # the cheaper of the two by ``decode_cost``
                 costs = {w: decode_cost(m, n, k, lib.sms * o, lib.warps[w],
-                                        {c: lib.clusters.get((dt, w, int(nested), c), 0) for c in local_clusters()})
+                                        {c: lib.clusters.get((dt, w, int(nested), c), 0) for c in LOCAL_CLUSTERS})
                          for w, o in ((0, occ16), (DECODE_WIDE, occ20))}
                 v = 0 if costs[0] <= costs[DECODE_WIDE] else DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
@@ -538,21 +513,21 @@ class Prepared:
         decode = (m <= 2 and v in (0, DECODE_WIDE)) or pair
         cost = DECODE_SPLIT_COST if decode else SPLIT_COST
         # staged x: the plans leave its holes free in every build; only builds that have it are told to use it (the
-        # pair-column builds: none)
-        xh = x_holes(m, k) if decode and not pair else 0
+        # pair-column builds: none); stage_x=False (forced plans) keeps x in registers
+        xh = x_holes(m, k) if decode and not pair and stage_x else 0
         # block-local partial-sum slots per block (a pair-column item takes two holes)
         slots = (LOCAL_HOLES - xh) // (PAIR_ITEM_HOLES if pair else 1)
         tpb = 0  # tiles per block (cluster) and round of the block-local split-K (0: off)
         lc = 1   # blocks per cluster sharing them
         ls = 0   # 1: split-major clusters (each block holds whole splits and stages only their part of x)
-        clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in local_clusters()} if decode else {}
+        clusters = {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS} if decode else {}
         if local_cluster is not None and local_cluster > 1 and decode:  # a forced size, also one the plans skip
             clusters[local_cluster] = lib.clusters.get((dt, v, int(nested), local_cluster), 0)
         if decode and local is not False and splits is None:
             s, per = plan(m, n, k, sms * occ * per_block, rows=rows, split_cost=cost)
             lp = local_plan(n, k, sms * occ, per_block, s, per, clusters if local_cluster is None else
                             {c: r for c, r in clusters.items() if c == local_cluster}, holes=slots,
-                            stage_m=split_stage_m(m, k) if decode and not pair else 0)
+                            stage_m=split_stage_m(m, k) if decode and not pair and stage_x else 0)
             if lp is not None:
                 s, per, tpb, lc, ls = lp
             elif local:
@@ -581,12 +556,12 @@ class Prepared:
         xs = m * 2 * (per_block // tpb) * per if ls and m <= 2 and k % SLICE == 0 else xh
         if ls and tpb and -(-tiles // (local_groups(sms * occ, lc, clusters) * tpb)) * per_block + xs > LOCAL_HOLES:
             xs = 0
-        if not lib.xs or (s - 1) * per >= -(-k // SLICE) or not staging_on():
+        if not stage_x or (s - 1) * per >= -(-k // SLICE):
             xs = 0
         # x too large to stage whole, global split-K with one item per warp: split-major items (gemv_mma.cu
         # Params.gsplit), so that each block stages only the one or two splits its warps take
         gs = 0
-        if decode and not pair and tpb == 0 and lib.xs:
+        if decode and not pair and tpb == 0 and stage_x:
             gh = global_split_holes(m, n, k, sms * occ * per_block, per_block, s, per)
             if gh:
                 xs, gs = gh, 1
@@ -644,7 +619,7 @@ def _pick_pair(lib: _Lib, m: int, n: int, k: int, dt: int, nested: bool) -> int:
     if min(occ.values()) <= 0:
         return PAIR if occ[PAIR] > 0 else PAIR_WIDE if occ[PAIR_WIDE] > 0 else variant(m)
     plans = {v: _decode_plan(m, n, k, lib.sms * o, lib.warps[v],
-                             {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in local_clusters()}, True)
+                             {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS}, True)
              for v, o in occ.items()}
     return pick_pair_build(plans[PAIR][0], plans[PAIR_WIDE][0], plans[PAIR_WIDE][1])
 
@@ -652,11 +627,12 @@ def _pick_pair(lib: _Lib, m: int, n: int, k: int, dt: int, nested: bool) -> int:
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
            kernel: int | None = None, local: bool | None = None, local_cluster: int | None = None,
-           local_split: bool = False) -> torch.Tensor:
+           local_split: bool = False, stage_x: bool = True) -> torch.Tensor:
     """``splits`` = (S, slices per split) / ``kernel`` / ``local`` / ``local_cluster`` force a plan (tests, probes):
     ``local`` True the block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where
     it cannot), False the global settle, None: ``local_plan`` decides; ``local_cluster`` = C its tiles shared by
     clusters of C blocks (1: none; with ``splits`` and ``local``, or limiting ``local_plan`` to C); ``local_split``
-    (with ``splits``, ``local`` and C > 1) the cluster's warps split-major."""
+    (with ``splits``, ``local`` and C > 1) the cluster's warps split-major; ``stage_x`` False keeps x in registers
+    (the decode kernels' plan without the staged-x holes: no staged x, no split-major x of any form)."""
     return Prepared(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize,
-                    bias, splits, kernel, local, local_cluster, local_split)(x2d, y)
+                    bias, splits, kernel, local, local_cluster, local_split, stage_x)(x2d, y)

@@ -102,11 +102,7 @@ template <int BN> struct Rows {
   static constexpr int kThreads = 2 * BN;
   static constexpr int kWHoles = BN / 4, kSHoles = BN / 32;
   static constexpr int kHoles = kWHoles + 2 * kSHoles;
-#if defined(FASTNF4_WG_WSTAGES)  // experiments (benchmarks/probe_wgmma_parts.py)
-  static constexpr int kWStages = FASTNF4_WG_WSTAGES;
-#else
   static constexpr int kWStages = 6 * kHoles <= 256 ? 6 : 4;
-#endif
   static_assert(kWStages * kHoles <= 256, "the weight ring fits in the table's holes");
   static constexpr int kQuadBytes = 16 * BN;  // a statistics quad slot (see below)
 };
@@ -119,24 +115,7 @@ template <int BN> struct Rows {
 // Needs one absmax per row and step: blocksize >= 64 (a requirement of this kernel anyway).
 // H200 (benchmarks/probe_wgmma_parts.py --small, NOTES.md session 11): 1.10-1.18x faster than the exact decode at
 // BM 16 / 32, 1.03-1.08x at BM 64 (127-128 registers); the exact decode keeps BM >= 64 (M > 32).
-#if defined(FASTNF4_WG_FAST_MAX_BM)  // experiments: 0 = exact decode everywhere
-constexpr int kFastMaxBM = FASTNF4_WG_FAST_MAX_BM;
-#else
 constexpr int kFastMaxBM = 32;
-#endif
-
-// Variants with BM <= kUnroll2MaxBM run two K steps per loop iteration, the two fragment arrays trading roles (one
-// decoded while the other feeds the wgmma) instead of the decoded fragments being copied every step (the trimmed
-// variants below run four, with the same role trading, so by default this loop serves only the A / B baseline build
-// -DFASTNF4_WG_TRIM_MAX_BM=0, whose SASS is session 17's kernel). H200
-// (benchmarks/probe_wgmma_build.py -DFASTNF4_WG_UNROLL2 against the one-step loop, NOTES.md session 17): 4-8% faster on
-// all 17 model weights of >= 8 MB at M = 16 (two rounds: Llama gate_up 179.2 -> 168.0 us, Gemma o 15.2 -> 14.5), 2-4% at
-// M = 32; at M = 128 -4% to +3.5% (Llama down 149.2 -> 154.4), so BM >= 64 keeps the one-step loop.
-#if defined(FASTNF4_WG_UNROLL2_MAX_BM)  // experiments
-constexpr int kUnroll2MaxBM = FASTNF4_WG_UNROLL2_MAX_BM;
-#else
-constexpr int kUnroll2MaxBM = 32;
-#endif
 
 // Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
 // chunk (float absmax): K % 256 == 0, 4-step aligned splits, aligned absmax. One copy per row per 4 steps
@@ -148,40 +127,24 @@ constexpr int kUnroll2MaxBM = 32;
 // 3), the x tile descriptors are one add from a base worked out once, and the weight copy source is a base pointer
 // plus 32 bytes per step; the loop runs 4 steps per iteration, so a step's place in its statistics quad is a
 // constant, and with blocksize 64 a row's 4 absmax of a quad are read at once. Same data, same arithmetic: only the
-// instructions that find it change. H200 (NOTES.md session 18, A / B against -DFASTNF4_WG_TRIM_MAX_BM=0, whose SASS
-// is the previous kernel's): 1.01-1.16x at M = 16, 1.05-1.13x at M = 32 on the 17 model weights of >= 8 MB.
-#if defined(FASTNF4_WG_TRIM_MAX_BM)  // experiments
-constexpr int kTrimMaxBM = FASTNF4_WG_TRIM_MAX_BM;
-#else
+// instructions that find it change. H200 (NOTES.md session 18, A / B against the untrimmed kernel): 1.01-1.16x at
+// M = 16, 1.05-1.13x at M = 32 on the 17 model weights of >= 8 MB.
 constexpr int kTrimMaxBM = 32;
-#endif
 // ... and so do BM >= kTrimFromBM (H200, session 18, A / B against the untrimmed build: M = 128 15 of 17 weights faster,
 // up to 7%, two 3-4% slower; M = 256 14 of 17 faster, up to 10%). BM 64 stays untrimmed: trimmed, its non-nested
 // variant needs more than the 128 registers of two blocks per SM (16 bytes of spills).
-#if defined(FASTNF4_WG_TRIM_FROM_BM)  // experiments
-constexpr int kTrimFromBM = FASTNF4_WG_TRIM_FROM_BM;
-#else
 constexpr int kTrimFromBM = 128;
-#endif
 
 template <int BM, int BN = kBN> struct Cfg {
   // x ring stages (x loads run kXStages - 1 steps ahead, weights kWStages - 1, see the main loop) and resident
   // blocks per SM: BM <= 64 fits two blocks (<= 128 registers), the others one (shared memory keeps it at two)
-#if defined(FASTNF4_WG_XSTAGES)
-  static constexpr int kXStages = FASTNF4_WG_XSTAGES;
-#else
   static constexpr int kXStages = 4;
-#endif
   static constexpr int kBlocks = BM <= 64 && BN == kBN ? 2 : 1;
   static constexpr bool kTrim = BM <= kTrimMaxBM || BM >= kTrimFromBM;
   static constexpr int kQuadSlots = kTrim ? 4 : 3;
   // the trimmed variants also take the block barrier and issue their copies every other step only (H200, NOTES.md
   // session 18: 0.5-2% at M = 16, 1-3.6% at M = 32 against one barrier per step)
-#if defined(FASTNF4_WG_NO_PAIR)  // experiments: a barrier every step
-  static constexpr bool kPair = false;
-#else
   static constexpr bool kPair = kTrim;
-#endif
   static_assert(!kPair || kXStages == 4, "paired steps: x stage i & 3, even-step refills");
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
   static constexpr int kRing = kXStages * kXBytes;
@@ -206,7 +169,7 @@ template <typename T> struct Pair {
 };
 
 template <typename T, int N> struct Wgmma;
-// wrappers generated by benchmarks/gen_wgmma.py (operand lists of m64nBMk16 with A from registers)
+// wrappers generated by gen_wgmma.py beside this file (operand lists of m64nBMk16 with A from registers)
 template <> struct Wgmma<__nv_bfloat16, 8> {
   static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                               uint32_t a3, uint64_t desc) {
@@ -501,13 +464,7 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
 template <typename T>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8, uint32_t sel, uint32_t w, float a) {
   float hi, lo;
-#if defined(FASTNF4_WG_NO_LUT)  // diagnostic: no table lookup (values made from the byte by ALU work; wrong results)
-  const uint32_t b = __byte_perm(w, lane8, sel);
-  hi = __uint_as_float(0x3c000000u | (b << 4));
-  lo = __uint_as_float(0x3c000000u | (b << 12));
-#else
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(hi), "=f"(lo) : "r"(table_s + __byte_perm(w, lane8, sel)));
-#endif
   return Pair<T>::make(__fmul_rn(hi, a), __fmul_rn(lo, a));
 }
 
@@ -596,7 +553,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   constexpr int kQuadBytes = R::kQuadBytes, kWHoles = R::kWHoles, kSHoles = R::kSHoles;
   const Params& p = kp.p;
   constexpr int kAcc = BM / 2, kXStages = C::kXStages;
-  constexpr bool kUnroll2 = BM <= kUnroll2MaxBM;
   // prefetch distances in steps: x is issued kXD steps before its wgmma, the weights and statistics kWD before
   // their decode; copy group u (one per step) carries the weights of step u and the x tile of step u - kLag
   constexpr int kXD = kXStages - 1, kLag = kWStages - kXD;
@@ -610,11 +566,9 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   const uint32_t bars = quad_s + C::kQuadSlots * kQuadBytes;  // kXStages mbarriers: x stage landed (TMA bytes)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
-#if !defined(FASTNF4_WG_NO_SUM_PDL)
   // with a split tail, the sum kernel is launched as this grid's programmatic dependent: let it be put on the GPU
   // now (it waits for this grid's completion before touching memory, see splitk_sum)
   if (p.tail_tiles > 0 && p.cluster <= 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
   // (a cluster launch is a grid of (x tiles, tail_tiles, S) with clusters along z: blockIdx.z is the part)
   const long long tail_j = static_cast<long long>(blockIdx.y) + gridDim.y * blockIdx.z - p.full_tiles;
@@ -710,12 +664,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   // the x tile of step v (thread 0, 0 <= v < nsteps)
   auto load_x = [&](int v) {
     const uint32_t bar = bars + 8 * (v % kXStages);
-#if defined(FASTNF4_WG_NO_XLOAD)  // diagnostic: x loaded for the first stages only, then the stages reused (wrong results)
-    if (v >= kXStages) {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-      return;
-    }
-#endif
     mbar_expect(bar, C::kXBytes);
     tma_x(x_stage(v), &kp.xmap, static_cast<int>(kstep(v) * kStep), static_cast<int>(m0), bar);
   };
@@ -726,7 +674,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     if (!checked || u < nsteps) {
       const long long k0 = kstep(u) * kStep;
       const uint32_t ws = slot_base(C::kTrim ? slot : u % kWStages);
-#if !defined(FASTNF4_WG_NO_WCOPY)  // diagnostic: no weight copies (the decode reads stale stages; wrong results)
       if constexpr (kRun) {
         cp_async16(w_dst_abs + static_cast<uint32_t>(slot * kHoles * 256), w_it + rel * (kStep / 2), w_ok ? 16 : 0);
       } else if constexpr (C::kTrim) {
@@ -734,8 +681,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       } else {
         cp_async16(ws + w_dst, w_ok ? w_src + k0 / 2 : p.packed, w_ok ? 16 : 0);
       }
-#endif
-#if !defined(FASTNF4_WG_NO_STATS)  // diagnostic: no statistics loads (time without them)
       if (kRun && run_q64) {
         if ((rel & 3) == 0 && s_on) {  // once per 4 steps, for steps u .. u + 3
           const uint32_t dst = q_dst_abs + static_cast<uint32_t>((((i0 + rel) >> 2) & 3) * kQuadBytes);
@@ -758,7 +703,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
           cp_async4(dst, static_cast<const float*>(p.absmax) + blk);
         }
       }
-#endif
     }
     const int v = u - kLag;
     if (x_too && tid == 0 && v >= 0 && v < nsteps) load_x(v);
@@ -768,9 +712,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
 
   // the absmax of local row r for step i, from its statistics quad or its words in the weight stage
   auto absmax = [&](uint32_t ws, uint32_t q_off, int r, uint32_t rk, int i) -> float {
-#if defined(FASTNF4_WG_NO_STATS)
-    return 1.f;
-#endif
     const uint32_t blk = (rk + static_cast<uint32_t>(kstep(i) * kStep)) >> lb;
     // the row's words: in its quad slot (float chunk at 16 r; code word at 4 r, nested absmax 4 BN bytes further)
     // or in the weight stage (at q_off; nested absmax BN / 32 holes further)
@@ -807,7 +748,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       q[0] = __uint_as_float(v.x), q[1] = __uint_as_float(v.y), q[2] = __uint_as_float(v.z), q[3] = __uint_as_float(v.w);
     }
   };
-#if !defined(FASTNF4_WG_NO_QSHFL)  // (A / B: -DFASTNF4_WG_NO_QSHFL, every lane decodes all 8)
   // Nested statistics quads: the 4 lanes of a lane quad share rows ra / rb, so lane t works out only
   // step t's absmax of the quad for each, and every step takes its pair from lane jq of the quad by a shuffle
   float qa_own = 0.f, qb_own = 0.f;
@@ -816,15 +756,10 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     const uint32_t codes = lds32(at), nab = lds32(at + 4 * kBN);
     return __fadd_rn(__fmul_rn(ncode[(codes >> (8 * t)) & 255u], __uint_as_float(nab)), offset);
   };
-#endif
   // jq: i & 3 where the caller knows it (trimmed variants), else -1
   auto decode = [&](int i, int slot, uint32_t (&f)[16], float& sa, float& sb, int jq) {
     const uint32_t ws = slot_base(C::kTrim ? slot : i % kWStages);
-#if defined(FASTNF4_WG_NO_STATS)
-    sa = sb = 1.f;
-#else
     if (C::kTrim && jq >= 0 && quad64) {
-#if !defined(FASTNF4_WG_NO_QSHFL)
       if constexpr (kNested && kRun) {
         if (jq == 0) {
           qa_own = quad_own(i, ra);
@@ -832,30 +767,22 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
         }
         sa = __shfl_sync(0xffffffffu, qa_own, jq & 3, 4);
         sb = __shfl_sync(0xffffffffu, qb_own, jq & 3, 4);
-      } else
-#endif
-      {
-      if (jq == 0) {
-        read_quad(i, ra, qa);
-        read_quad(i, rb, qb);
-      }
-      sa = qa[jq & 3];
-      sb = qb[jq & 3];
+      } else {
+        if (jq == 0) {
+          read_quad(i, ra, qa);
+          read_quad(i, rb, qb);
+        }
+        sa = qa[jq & 3];
+        sb = qb[jq & 3];
       }
     } else {
       sa = absmax(ws, qa_off, ra, rka, i);
       sb = absmax(ws, qb_off, rb, rkb, i);
     }
-#endif
     const uint4 a0 = lds128(ws + wa_off), a1 = lds128(ws + wa_off + 16);
     const uint4 b0 = lds128(ws + wb_off), b1 = lds128(ws + wb_off + 16);
     const uint32_t wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     const uint32_t wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#if defined(FASTNF4_WG_NO_DECODE)  // diagnostic: constant fragments (time without the decode)
-#pragma unroll
-    for (int s = 0; s < 16; ++s) f[s] = wa[s & 7] ^ wb[(s + 3) & 7] ^ __float_as_uint(sa + sb);
-    return;
-#endif
     if constexpr (kFast) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -918,7 +845,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
     }
     fence_acc(acc);
     wgmma_fence();
-#if !defined(FASTNF4_WG_NO_MMA)  // diagnostic: no tensor-core work (time of loads and decode alone)
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       if constexpr (kFast) {
@@ -927,10 +853,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
         Wgmma<T, BM>::run(acc, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3], x_desc(i, j, s));
       }
     }
-#else
-#pragma unroll
-    for (int r = 0; r < 16; ++r) acc[r] += __uint_as_float(cur[r]);
-#endif
     wgmma_commit();
     fence_acc(acc);
     if constexpr (kFast) fence_acc(part);
@@ -1001,12 +923,6 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
       i0 += 4;  // the copy sources' base step
       w_it += 4 * (kStep / 2);
       s_it += kNested ? 4 : 16;
-    }
-  } else if constexpr (kUnroll2) {
-    // two steps per iteration, the fragment arrays trading roles instead of being copied
-    for (int i = 0; i < nsteps; i += 2) {
-      step(i, -1, 0, i + 1 < nsteps, fa, fb, sa_cur, sb_cur, sa_next, sb_next);
-      if (i + 1 < nsteps) step(i + 1, -1, 0, i + 2 < nsteps, fb, fa, sa_next, sb_next, sa_cur, sb_cur);
     }
   } else {
     for (int i = 0; i < nsteps; ++i) {
@@ -1080,11 +996,9 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
 template <typename T, int kVec>
 __global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32, const void* bias, void* y, int splits,
                                                   long long rows, long long w, long long col0, long long n) {
-#if !defined(FASTNF4_WG_NO_SUM_PDL)
   // launched with programmatic stream serialization: wait until the wgmma grid has finished and its partial sums
   // are visible (a no-op without the launch attribute)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   const long long mw = rows * w, groups = w / kVec;
   for (long long m = blockIdx.y; m < rows; m += gridDim.y) {
     for (long long g = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
@@ -1132,11 +1046,7 @@ void launch_sum(const Params* p, int splits, long long w, long long col0, cudaSt
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-#if defined(FASTNF4_WG_NO_SUM_PDL)
-  cfg.numAttrs = 0;
-#else
   cfg.numAttrs = 1;
-#endif
   const float* y32 = p->y32;
   const void* bias = p->bias;
   void* y = p->y;

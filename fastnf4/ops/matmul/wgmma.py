@@ -45,10 +45,9 @@ WIDE_M_BUCKETS = (352, 384, 512)
 MAX_M = WIDE_M_BUCKETS[-1]  # the largest M the dispatcher sends here
 # Split-K summed inside the kernel by thread block clusters (wgmma.cu cluster_sum): where every weight row tile is split
 # in 2..CLUSTER_MAX parts (a cluster each, the portable cluster size limit) and all the clusters are resident at once,
-# at BM <= CLUSTER_MAX_BM (the partial tile must fit in the table region). FASTNF4_WG_CLUSTER=0 turns it off.
+# at BM <= CLUSTER_MAX_BM (the partial tile must fit in the table region).
 CLUSTER_MAX = 8
 CLUSTER_MAX_BM = 64
-CLUSTER_SUM = os.environ.get("FASTNF4_WG_CLUSTER", "1") != "0"
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 
 
@@ -324,8 +323,7 @@ class Prepared:
             full = n_tiles if s == 1 else min(n_tiles - 1, full_tiles or 0)
         can = full == 0 and 2 <= s <= CLUSTER_MAX and bm <= CLUSTER_MAX_BM
         if cluster is None:
-            cluster = (CLUSTER_SUM and can and
-                       -(-m // bm) * n_tiles <= self.lib.clusters[(_DTYPES[dtype], bm, int(self.nested), s)])
+            cluster = can and -(-m // bm) * n_tiles <= self.lib.clusters[(_DTYPES[dtype], bm, int(self.nested), s)]
         elif cluster and not can:
             raise ValueError(f"wgmma: no cluster split-K sum for {s} parts, {full} whole tiles, BM {bm}")
         return bm, s, per, full, bool(cluster), rows
@@ -337,7 +335,7 @@ class Prepared:
         ``bm`` / ``splits`` / ``full_tiles`` force a variant (tests, probes): ``splits`` parts of K for every weight
         row tile after the first ``full_tiles`` (default 0). ``cluster`` forces the split-K sum: True in thread block
         clusters (every tile split, at most CLUSTER_MAX parts, BM <= CLUSTER_MAX_BM; ValueError otherwise), False by
-        the second kernel; None: clusters where all of them are resident at once (and CLUSTER_SUM). ``rows`` forces
+        the second kernel; None: clusters where all of them are resident at once. ``rows`` forces
         the weight rows per block (``rows_for``)."""
         m, n, k = x2d.shape[0], self.n, self.k
         bm, s, per, full, cluster, rows = self.launch_plan(m, x2d.dtype, bm, splits, full_tiles, cluster, rows)

@@ -38,12 +38,15 @@ def ieee_reciprocal_ftz(a: torch.Tensor) -> torch.Tensor:
     return ftz(1.0 / ftz(a))
 
 
+RCP_TABLE = os.path.join(os.path.dirname(__file__), "rcp_approx_exceptions.safetensors")
+
+
 @functools.cache
 def _rcp_exceptions() -> tuple[torch.Tensor, torch.Tensor] | None:
     """Two bitmaps over the 2**23 mantissas: where the GPU's rcp.approx differs from the correctly rounded
     reciprocal, and whether it is then one ulp larger (else one ulp smaller). Measured once on an H200 by
-    benchmarks/rcp_table.py, shipped as data (2 MiB)."""
-    path = os.environ.get("FASTNF4_RCP_TABLE") or os.path.join(os.path.dirname(__file__), "rcp_approx_exceptions.safetensors")
+    tools/rcp_table.py, shipped as data (2 MiB) at RCP_TABLE (the tool points it at a new measurement)."""
+    path = RCP_TABLE
     if not os.path.exists(path):
         return None
     from safetensors.torch import load_file
