@@ -129,12 +129,12 @@ def gemv_mma_kernels():
                     for kw, label in gemv_plans(m, slices):
                         if kernel in (gemv_mma.SMALL, gemv_mma.SPLIT, gemv_mma.BURST) and label != "default":
                             continue  # (they take whole rows: no split-K to force)
-                        for xs in (("1", "0") if m <= 2 and kernel in (0, gemv_mma.DECODE_WIDE) else ("1",)):
-                            os.environ["FASTNF4_GEMV_XS"] = xs
-                            run(f"gemv_mma kernel {kernel} {label} xs {xs} M {m} {n}x{k} bs {bs} nested {nested} "
-                                f"{dtype}", lambda y: gemv_mma.launch(x, *linear_args(q, b), y=y, kernel=kernel, **kw),
+                        # the decode kernels with x staged in the table and with x in registers
+                        for xs in ((True, False) if m <= 2 and kernel in (0, gemv_mma.DECODE_WIDE) else (True,)):
+                            run(f"gemv_mma kernel {kernel} {label} xs {int(xs)} M {m} {n}x{k} bs {bs} nested {nested} "
+                                f"{dtype}", lambda y: gemv_mma.launch(x, *linear_args(q, b), y=y, kernel=kernel,
+                                                                      stage_x=xs, **kw),
                                 x, q, b, m, n)
-                os.environ["FASTNF4_GEMV_XS"] = "1"
         if n == 1000 and bs == 64:  # statistics off 16-byte (and 4-byte) alignment: views into a larger buffer
             args = list(linear_args(q))
             for shift in (1, 4):
