@@ -4,6 +4,7 @@
 # when given, another tree, e.g. `git archive` of an older commit) in the same run.
 #
 #   tools/device_wheel_check.sh OUT [OTHER_TREE] -- [bench matmul options, e.g. --models qwen3-32b --m 1 16 128]
+#   (BEFORE_BENCH="shell command" runs before the timed part)
 #
 # Writes OUT/wheel-build.log, OUT/doctor.txt, OUT/doctor.json, OUT/bench-<installed|checkout|other>-<n>.json and
 # prints a table of the fastnf4 times per row with the ratios to the installed wheel's.
@@ -35,6 +36,9 @@ run_installed sh -c 'command -v nvcc && { echo "nvcc still on PATH"; exit 1; }; 
 run_installed python -c "import fastnf4, sys; print('fastnf4 from', fastnf4.__file__); sys.exit('site-packages' not in fastnf4.__file__)" || exit 1
 run_installed fastnf4 doctor > "$out/doctor.txt" 2>&1; echo "doctor exit $?"; cat "$out/doctor.txt"
 run_installed fastnf4 doctor --json > "$out/doctor.json" 2>/dev/null
+
+# (BEFORE_BENCH: a command to finish first, e.g. waiting for other work on the machine, so that it does not share the GPU)
+[ -n "${BEFORE_BENCH:-}" ] && eval "$BEFORE_BENCH"
 
 # 3. bench matmul: installed, checkout, other, installed again (the spread of the same code shows in the two installed runs)
 BENCH_ARGS=("$@")
