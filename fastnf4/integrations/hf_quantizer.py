@@ -53,9 +53,10 @@ from ..nn import Linear4bit
 
 METHOD = "fastnf4"
 _BNB_KEY = "bitsandbytes_4bit"  # transformers' quantizer key for 4-bit bitsandbytes configs and checkpoints
-# the tensors of one 4-bit weight in a bnb-4bit checkpoint, relative to the layer (NF4Weight.state_dict's keys)
-_SERIALIZED = ("weight", "weight.absmax", "weight.quant_map", "weight.nested_absmax", "weight.nested_quant_map",
-               "weight.quant_state.bitsandbytes__nf4", "weight.quant_state.bitsandbytes__fp4")
+# the tensors of one 4-bit weight in a bnb-4bit checkpoint, relative to the layer (NF4Weight.state_dict's keys);
+# longest first: transformers 5.17 matches a key against them in this order ("weight" would take "weight.absmax")
+_SERIALIZED = ("weight.quant_state.bitsandbytes__nf4", "weight.quant_state.bitsandbytes__fp4", "weight.nested_quant_map",
+               "weight.nested_absmax", "weight.quant_map", "weight.absmax", "weight")
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -346,6 +347,9 @@ class FastNF4Quantizer(HfQuantizer):
         _set_module(model, name, new)
 
     def _dense_into(self, model, name: str, layer: _PendingLinear, weight: torch.Tensor) -> None:
+        if not weight.is_floating_point():
+            raise ValueError(f"{name}: the checkpoint holds a {weight.dtype} weight without the statistics of a 4-bit "
+                             "one")
         if layer.transposed:
             raise ValueError(f"{name}: the checkpoint holds a 16-bit weight for a Conv1D layer that its "
                              "quantization_config does not keep in 16 bits")
@@ -391,6 +395,7 @@ class FastNF4Quantizer(HfQuantizer):
         return True
 
     def _dequantize(self, model, dtype=None):
+        dtype = _as_dtype(dtype, "dtype")
         for name, m in list(model.named_modules()):
             if isinstance(m, Linear4bit):
                 w = dequantize(m.weight_nf4, dtype or m.weight_nf4.dtype)
