@@ -4,7 +4,7 @@
 # when given, another tree, e.g. `git archive` of an older commit) in the same run.
 #
 #   tools/device_wheel_check.sh OUT [OTHER_TREE] -- [bench matmul options, e.g. --models qwen3-32b --m 1 16 128]
-#   (BEFORE_BENCH="shell command" runs before the timed part)
+#   (BEFORE_BENCH="shell command" runs before the timed part; WHEEL=path installs that wheel instead of building one)
 #
 # Writes OUT/wheel-build.log, OUT/doctor.txt, OUT/doctor.json, OUT/bench-<installed|checkout|other>-<n>.json and
 # prints a table of the fastnf4 times per row with the ratios to the installed wheel's.
@@ -17,25 +17,30 @@ root=$PWD
 mkdir -p "$out"
 python3 -c "import setuptools, torch; print('setuptools', setuptools.__version__, 'torch', torch.__version__)"
 
-# 1. the wheel, from this tree (a clean copy, so nothing built before leaks in)
-src=$(mktemp -d)/src; mkdir -p "$src"
-tar -C "$root" --exclude=./.whl --exclude=./.peers --exclude=./.snap --exclude=./.old --exclude=./build \
-    --exclude='*.egg-info' --exclude=./fastnf4/_lib -cf - . | tar -C "$src" -xf -
-( cd "$src" && FASTNF4_REQUIRE_CUDA_BUILD=1 python3 -m pip wheel . --no-deps --no-build-isolation -v -w /tmp/dist ) \
-    > "$out/wheel-build.log" 2>&1 || { tail -40 "$out/wheel-build.log"; exit 1; }
-whl=$(ls /tmp/dist/fastnf4-*.whl); echo "wheel: $(basename "$whl") $(du -h "$whl" | cut -f1)"
+# 1. the wheel: WHEEL=path (built elsewhere from a clean clone), else built here from a clean copy of this tree
+if [ -n "${WHEEL:-}" ]; then
+  whl=$WHEEL
+else
+  src=$(mktemp -d)/src; mkdir -p "$src"
+  tar -C "$root" --exclude=./.whl --exclude=./.peers --exclude=./.snap --exclude=./.old --exclude=./.dist \
+      --exclude=./build --exclude='*.egg-info' --exclude=./fastnf4/_lib -cf - . | tar -C "$src" -xf -
+  ( cd "$src" && FASTNF4_REQUIRE_CUDA_BUILD=1 python3 -m pip wheel . --no-deps --no-build-isolation -v -w /tmp/dist ) \
+      > "$out/wheel-build.log" 2>&1 || { tail -40 "$out/wheel-build.log"; exit 1; }
+  whl=$(ls /tmp/dist/fastnf4-*.whl)
+fi
+echo "wheel: $(basename "$whl") $(du -h "$whl" | cut -f1)"
 
-# 2. a fresh environment (the machine's torch and Triton, nothing of fastnf4), no CUDA toolkit on PATH
-python3 -m venv --system-site-packages /tmp/fresh
-/tmp/fresh/bin/python -m pip install -q --no-deps --no-index "$whl"
+# 2. a fresh folder holding only the wheel (the machine's python, torch and Triton; nothing of fastnf4 or this
+#    checkout on the path), no CUDA toolkit on PATH, an empty kernel cache
+python3 -m pip install -q --no-deps --no-index --target /tmp/fresh "$whl"
 clean_path=$(tr ':' '\n' <<<"$PATH" | grep -v -i cuda | paste -sd:)
 run_installed() {
-  (cd /tmp && env -u PYTHONPATH -u CUDA_HOME PATH="/tmp/fresh/bin:$clean_path" FASTNF4_CACHE="$(mktemp -d)" "$@")
+  (cd /tmp && env -u CUDA_HOME PYTHONPATH=/tmp/fresh PATH="$clean_path" FASTNF4_CACHE="$(mktemp -d)" "$@")
 }
 run_installed sh -c 'command -v nvcc && { echo "nvcc still on PATH"; exit 1; }; echo "no nvcc on PATH"' || exit 1
-run_installed python -c "import fastnf4, sys; print('fastnf4 from', fastnf4.__file__); sys.exit('site-packages' not in fastnf4.__file__)" || exit 1
-run_installed fastnf4 doctor > "$out/doctor.txt" 2>&1; echo "doctor exit $?"; cat "$out/doctor.txt"
-run_installed fastnf4 doctor --json > "$out/doctor.json" 2>/dev/null
+run_installed python3 -c "import fastnf4, sys; print('fastnf4 from', fastnf4.__file__); sys.exit('site-packages' not in fastnf4.__file__)" || exit 1
+run_installed python3 -m fastnf4 doctor > "$out/doctor.txt" 2>&1; echo "doctor exit $?"; cat "$out/doctor.txt"
+run_installed python3 -m fastnf4 doctor --json > "$out/doctor.json" 2>/dev/null
 
 # (BEFORE_BENCH: a command to finish first, e.g. waiting for other work on the machine, so that it does not share the GPU)
 [ -n "${BEFORE_BENCH:-}" ] && eval "$BEFORE_BENCH"
@@ -46,7 +51,7 @@ i=0
 for who in installed checkout ${other:+other} installed; do
   i=$((i + 1)); json="$out/bench-$who-$i.json"
   case $who in
-    installed) run_installed sh -c "python -m fastnf4 bench matmul $* --json $json 2>&1 | grep -v '%|' | tail -2" ;;
+    installed) run_installed sh -c "python3 -m fastnf4 bench matmul $* --json $json 2>&1 | grep -v '%|' | tail -2" ;;
     checkout) (cd "$root" && PYTHONPATH="$root:${PYTHONPATH:-}" FASTNF4_STRICT=1 python3 -m fastnf4 bench matmul "$@" --json "$json" 2>&1 | grep -v '%|' | tail -2) ;;
     other) (cd "$other" && PYTHONPATH="$other:${PYTHONPATH:-}" python3 -m fastnf4 bench matmul "$@" --json "$json" 2>&1 | grep -v '%|' | tail -2) ;;
   esac
