@@ -30,7 +30,10 @@ def tiny(arch: str, seed: int = 0):
            "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=16),
            # (tied embeddings; one sliding-window layer shorter than the test prompts)
            "gemma3": lambda: transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=4,
-                                                           layer_types=["sliding_attention", "full_attention"])}[arch]()
+                                                           layer_types=["sliding_attention", "full_attention"]),
+           # (Conv1D layers, stored [in, out], with biases)
+           "gpt2": lambda: transformers.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=32,
+                                                   bos_token_id=0, eos_token_id=0)}[arch]()
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
 
@@ -131,6 +134,27 @@ def test_quantize_on_load_equals_quantize_model(arch, bf16_dir, monkeypatch):
     if arch == "gemma3":  # the tied output layer stays tied and dense
         assert type(q.lm_head) is torch.nn.Linear and q.lm_head.weight is q.model.embed_tokens.weight
     assert q.is_quantized and q.is_loaded_in_4bit and isinstance(q.hf_quantizer, hfq.FastNF4Quantizer)
+
+
+def test_conv1d_layers(bf16_dir):
+    """GPT-2's Conv1D layers (weights stored [in, out]) are quantized as bitsandbytes quantizes them: the transposed
+    weight, [out, in], into a Linear4bit computing x @ W.T + b, i.e. what the Conv1D computed."""
+    path = bf16_dir("gpt2")
+    q = load(path, fastnf4.NF4Config())
+    dense = load(path)
+    names = four_bit(q)
+    assert len(names) == 8 and all(type(dense.get_submodule(n)).__name__ == "Conv1D" for n in names)
+    for n in names:
+        ref = fastnf4.quantize(dense.get_submodule(n).weight.detach().t().contiguous())
+        assert_same_state(q.get_submodule(n).weight_nf4.state_dict(), ref.state_dict())
+        assert torch.equal(q.get_submodule(n).bias, dense.get_submodule(n).bias)
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    layer = q.transformer.h[0].attn.c_proj  # (square: a weight left [in, out] would still fit)
+    w = fastnf4.dequantize(layer.weight_nf4)
+    with torch.no_grad():
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, w, layer.bias))
+        exact = dense.transformer.h[0].attn.c_proj(x).float()
+        assert (layer(x).float() - exact).norm() < 0.2 * exact.norm()
 
 
 def test_quantize_on_load_settings(bf16_dir):
@@ -239,19 +263,21 @@ def run_without_bitsandbytes(path, out, resaved):
     return load_file(str(out))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_bnb_checkpoint_loads_without_bitsandbytes(arch, bf16_dir, tmp_path):
+@pytest.mark.parametrize("arch,compute", [("llama", None), ("qwen3", torch.bfloat16), ("gemma3", torch.bfloat16),
+                                          ("gpt2", None)])
+def test_bnb_checkpoint_loads_without_bitsandbytes(arch, compute, bf16_dir, tmp_path):
     """A checkpoint bitsandbytes wrote (quantized on load by transformers + bitsandbytes, saved with save_pretrained)
     loads through from_pretrained where bitsandbytes cannot be imported: fastnf4 layers whose dequantized weights are
-    bitsandbytes' own load's bit for bit, the other tensors the same, the same logits; saved again, the same tensors."""
+    bitsandbytes' own load's bit for bit, the other tensors the same, the same logits (computed in the checkpoint's
+    bnb_4bit_compute_dtype, float32 where it names none, as bitsandbytes does); saved again, the same tensors."""
     pytest.importorskip("bitsandbytes")
     bnb_cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                 bnb_4bit_compute_dtype=torch.bfloat16)
+                                 bnb_4bit_compute_dtype=compute)
     load(bf16_dir(arch), bnb_cfg).save_pretrained(tmp_path / "bnb")
     theirs = bnb_plain_cpu_path(load(tmp_path / "bnb"))
     got = run_without_bitsandbytes(tmp_path / "bnb", tmp_path / "out.safetensors", tmp_path / "resaved")
     ref = bnb_dequantized(theirs)
-    assert len(ref) == 14
+    assert len(ref) == (8 if arch == "gpt2" else 14)
     assert_same_state({k[3:]: v for k, v in got.items() if k.startswith("dq.")}, ref)
     plain = {k: v for k, v in theirs.state_dict().items() if ".weight." not in k and k.rpartition(".")[0] not in ref}
     assert_same_state({k[3:]: v for k, v in got.items() if k.startswith("sd.") and k[3:] in plain}, plain)
@@ -282,7 +308,7 @@ def test_routing_with_bitsandbytes_installed(bf16_dir, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- save
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + ("gpt2",))
 def test_save_pretrained_for_bitsandbytes_and_back(arch, bf16_dir, tmp_path):
     """save_pretrained of a model quantized on load writes bitsandbytes' checkpoint: its config JSON (every field
     BitsAndBytesConfig writes, the 16-bit layers by full name), its tensor names. transformers + bitsandbytes load it
@@ -298,7 +324,9 @@ def test_save_pretrained_for_bitsandbytes_and_back(arch, bf16_dir, tmp_path):
     from safetensors.torch import load_file
 
     saved = load_file(str(tmp_path / "nf4" / "model.safetensors"))
-    assert "model.layers.0.mlp.up_proj.weight.quant_state.bitsandbytes__nf4" in saved
+    first = sorted(four_bit(q))[0]
+    assert {k for k in saved if k.startswith(first + ".weight")} == {f"{first}.weight{s}" for s in (
+        "", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4")}
     theirs = bnb_plain_cpu_path(load(tmp_path / "nf4"))
     assert four_bit(theirs) == four_bit(q)
     assert torch.equal(logits(theirs), logits(q))

@@ -158,6 +158,16 @@ def _set_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> N
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
+def _mark_loaded(new: torch.nn.Module, old: torch.nn.Module, weight: torch.Tensor) -> None:
+    """transformers' flags that keep its weight initialization (run after loading, on what it thinks was not loaded)
+    off a layer: on the module, on its weight (a parent module's init may reach it, e.g. GPT-2's for c_proj.weight)
+    and, where it was loaded already, on its bias."""
+    new._is_hf_initialized = True
+    weight._is_hf_initialized = True
+    if getattr(old, "bias", None) is not None and new.bias is not None:
+        new.bias._is_hf_initialized = getattr(old.bias, "_is_hf_initialized", False)
+
+
 def _first(v):
     return v[0] if isinstance(v, list) else v
 
@@ -243,7 +253,6 @@ class FastNF4Quantizer(HfQuantizer):
             raise TypeError(f"FastNF4Quantizer takes an NF4Config or a BitsAndBytesConfig, got {type(qc).__name__}")
         self.compute_dtype: torch.dtype | None = None
         self.modules_to_not_convert: list[str] = []
-        self._dtype: torch.dtype | None = None
 
     # ------------------------------------------------------------------------------------------ checks, placement
     def validate_environment(self, *args, device_map=None, **kwargs):
@@ -278,10 +287,6 @@ class FastNF4Quantizer(HfQuantizer):
         return 0.5 if self.param_needs_quantization(model, param_name) else param.element_size()
 
     # ------------------------------------------------------------------------------------------ the skeleton
-    def preprocess_model(self, model, dtype=None, **kwargs):
-        self._dtype = dtype
-        return super().preprocess_model(model, dtype=dtype, **kwargs)
-
     def _process_model_before_weight_loading(self, model, device_map=None, **kwargs):
         skip = self.get_modules_to_not_convert(model, self.skip, getattr(model, "_keep_in_fp32_modules", None))
         # weights tied to another module's stay dense even where a list given replaces transformers' default (which
@@ -291,9 +296,7 @@ class FastNF4Quantizer(HfQuantizer):
         if self.bnb and self.quantization_config.llm_int8_enable_fp32_cpu_offload and isinstance(device_map, dict):
             skip.extend(k for k, v in device_map.items() if _device_kind(v) in ("cpu", "disk"))
         self.modules_to_not_convert = skip
-        dtype = self._dtype if self._dtype in FLOAT_DTYPES else next(
-            (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        self.compute_dtype = self._compute_dtype(dtype)
+        self.compute_dtype = self._compute_dtype()
         conv1d = _conv1d()
         for name, module in list(model.named_modules()):
             is_conv1d = bool(conv1d) and isinstance(module, conv1d)
@@ -307,13 +310,13 @@ class FastNF4Quantizer(HfQuantizer):
                                                     module.weight.dtype, is_conv1d))
         return model
 
-    def _compute_dtype(self, model_dtype: torch.dtype) -> torch.dtype | None:
-        """The ``Linear4bit`` compute dtype: NF4Config's; for a bitsandbytes config, what bitsandbytes' ``Linear4bit``
-        ends up computing in, which is the activations' dtype for bfloat16 / float32 ones and the config's
-        ``bnb_4bit_compute_dtype`` (default float32) for float16 ones."""
+    def _compute_dtype(self) -> torch.dtype | None:
+        """The ``Linear4bit`` compute dtype: NF4Config's; for a bitsandbytes config its ``bnb_4bit_compute_dtype``
+        (float32 where the config names none), which transformers hands to every bitsandbytes ``Linear4bit`` and which
+        that layer then always computes in: the numerics of transformers + bitsandbytes, float32 matmuls included."""
         if not self.bnb:
             return self.quantization_config.compute_dtype
-        return self.quantization_config.bnb_4bit_compute_dtype if model_dtype == torch.float16 else None
+        return self.quantization_config.bnb_4bit_compute_dtype
 
     # ------------------------------------------------------------------------------------------ loading
     def get_quantize_ops(self):
@@ -343,7 +346,7 @@ class FastNF4Quantizer(HfQuantizer):
                              f"{shape}")
         bias = layer.bias.detach() if layer.bias is not None else None  # (still on meta where it arrives later)
         new = Linear4bit(q, bias, self.compute_dtype)
-        new._is_hf_initialized = True
+        _mark_loaded(new, layer, q.packed)
         _set_module(model, name, new)
 
     def _dense_into(self, model, name: str, layer: _PendingLinear, weight: torch.Tensor) -> None:
@@ -358,7 +361,7 @@ class FastNF4Quantizer(HfQuantizer):
         dense.weight = torch.nn.Parameter(weight, requires_grad=False)
         if layer.bias is not None:
             dense.bias = layer.bias
-        dense._is_hf_initialized = True
+        _mark_loaded(dense, layer, dense.weight)
         _set_module(model, name, dense)
 
     def _process_model_after_weight_loading(self, model, **kwargs):
