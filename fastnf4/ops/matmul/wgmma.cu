@@ -53,7 +53,15 @@
 
 #include <type_traits>
 
+#include "nf4_device.cuh"  // the helpers shared with gemv_mma.cu
+
 namespace fastnf4_wg {
+
+using fastnf4_common::cluster_barrier;
+using fastnf4_common::cp_async_commit;
+using fastnf4_common::Pair;
+using fastnf4_common::pdl_launch_dependents;
+using fastnf4_common::pdl_wait;
 
 struct Params {
   const uint8_t* packed;
@@ -153,19 +161,6 @@ template <int BM, int BN = kBN> struct Cfg {
   static constexpr int kSmem = 1024 + kTableBytes + kRing + 1024 + kQuadSlots * Rows<BN>::kQuadBytes + 8 * kXStages;
   static_assert(kBlocks * (kSmem + 1024) <= 228 * 1024, "resident blocks fit in shared memory");
   static_assert(BM * kOutRow <= kRing, "the output staging reuses the x ring");
-};
-
-template <typename T> struct Pair {
-  using T2 = typename std::conditional<std::is_same<T, __nv_bfloat16>::value, __nv_bfloat162, __half2>::type;
-  static __device__ __forceinline__ uint32_t make(float lo, float hi) {
-    T2 v = T2(T(lo), T(hi));
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ uint16_t bits(float v) {
-    T h = T(v);
-    return *reinterpret_cast<uint16_t*>(&h);
-  }
-  static __device__ __forceinline__ float load(const void* p, long long i) { return float(reinterpret_cast<const T*>(p)[i]); }
 };
 
 template <typename T, int N> struct Wgmma;
@@ -421,7 +416,6 @@ __device__ __forceinline__ uint32_t lds32(uint32_t a) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
   return v;
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int n>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -469,8 +463,7 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t table_s, uint32_t lane8
 }
 
 // Distributed shared memory (thread block clusters, sm_90): the shared address of the same variable in the block of
-// cluster rank r, loads from it, and the cluster-wide barrier (arrive with release, wait with acquire: shared
-// memory written before it is visible to every block of the cluster after it).
+// cluster rank r and loads from it (the cluster-wide barrier: nf4_device.cuh's cluster_barrier).
 __device__ __forceinline__ uint32_t cluster_map(uint32_t saddr, int rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
@@ -481,9 +474,6 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t a) {
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(a) : "memory");
   return v;
-}
-__device__ __forceinline__ void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // Split-K end of a cluster launch (Params::cluster = S parts of one weight row tile, cluster rank = part): every
@@ -568,7 +558,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = lane & 3, g = lane >> 2;
   // with a split tail, the sum kernel is launched as this grid's programmatic dependent: let it be put on the GPU
   // now (it waits for this grid's completion before touching memory, see splitk_sum)
-  if (p.tail_tiles > 0 && p.cluster <= 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (p.tail_tiles > 0 && p.cluster <= 1) pdl_launch_dependents();
   const long long m0 = static_cast<long long>(blockIdx.x) * BM;
   // (a cluster launch is a grid of (x tiles, tail_tiles, S) with clusters along z: blockIdx.z is the part)
   const long long tail_j = static_cast<long long>(blockIdx.y) + gridDim.y * blockIdx.z - p.full_tiles;
@@ -998,7 +988,7 @@ __global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32,
                                                   long long rows, long long w, long long col0, long long n) {
   // launched with programmatic stream serialization: wait until the wgmma grid has finished and its partial sums
   // are visible (a no-op without the launch attribute)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  pdl_wait();
   const long long mw = rows * w, groups = w / kVec;
   for (long long m = blockIdx.y; m < rows; m += gridDim.y) {
     for (long long g = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
