@@ -19,19 +19,28 @@ fastnf4 layers where bitsandbytes is not installed::
 Routing. transformers keys bnb-4bit checkpoints (and ``BitsAndBytesConfig(load_in_4bit=True)``) to its quantizer
 ``"bitsandbytes_4bit"``; :func:`register` points that key at :class:`FastNF4Quantizer` only where bitsandbytes cannot
 be imported (transformers' own quantizer would refuse to load there), so with bitsandbytes installed the user keeps
-transformers' bitsandbytes path (and, through fastnf4's bitsandbytes backend, fastnf4's kernels under it).
-``register(bitsandbytes=True)`` is the explicit opt-in that takes those checkpoints over with bitsandbytes installed too;
-``register(bitsandbytes=False)`` / :func:`unregister` give the key back. :class:`NF4Config` has a method of its own,
-``"fastnf4"``, registered on import of this module (``fastnf4.NF4Config`` imports it).
+transformers' bitsandbytes path (with fastnf4's patch of bitsandbytes where that is on). ``register(bitsandbytes=True)``
+is the explicit opt-in that takes those checkpoints over with bitsandbytes installed too; ``register(bitsandbytes=False)``
+/ :func:`unregister` give the key back. :class:`NF4Config` has a method of its own, ``"fastnf4"``, registered on import
+of this module (``fastnf4.NF4Config`` imports it).
 
 What is quantized: what transformers' bitsandbytes quantizer quantizes. Every ``nn.Linear`` (and GPT-2 style
-``Conv1D``) except the modules transformers keeps in 16 bits (the output embedding, weights tied to others, the model's
-last module), its ``_keep_in_fp32_modules`` and the user's ``modules_to_not_convert`` (bitsandbytes'
-``llm_int8_skip_modules``: as there, a list given replaces the default one). A checkpoint saved from such a model lists
-the layers it left in 16 bits by full name, so any loader quantizes exactly those it holds in 4 bits.
+``Conv1D``, quantized transposed as bitsandbytes does) except the modules transformers keeps in 16 bits (the output
+embedding, weights tied to others, the model's last module), its ``_keep_in_fp32_modules`` and the user's
+``modules_to_not_convert`` (bitsandbytes' ``llm_int8_skip_modules``: as there, a list given replaces the default one;
+tied weights stay dense all the same). A checkpoint saved from such a model lists the layers it left in 16 bits by
+full name, so any loader quantizes exactly those it holds in 4 bits.
+
+Compute dtype: NF4Config's ``compute_dtype`` (default: the activations' dtype). A bitsandbytes config or checkpoint
+computes in its ``bnb_4bit_compute_dtype`` as transformers' bitsandbytes layers do, float32 where it names none (the
+same numerics, and float32's slower matmuls).
+
+``device_map``: as transformers takes it; each weight is quantized on the device its module is mapped to. As with
+bitsandbytes, a map that puts some modules on the CPU and others on GPUs is refused (unless a bitsandbytes config sets
+``llm_int8_enable_fp32_cpu_offload``, which keeps the CPU modules in 16 bits), and so is disk offload.
 
 A model quantized with :func:`fastnf4.quantize_model` saves the same way once :func:`attach` has given its config the
-bnb-4bit ``quantization_config``.
+bnb-4bit ``quantization_config``. Written against transformers 5.x (tested with 5.17 and 5.24).
 """
 from __future__ import annotations
 
