@@ -123,36 +123,21 @@ PAIR, PAIR_WIDE = 7, 8
 PAIR_ITEM_HOLES = 2  # holes a block-local work item's partial sums take in the pair builds (gemv_mma.cu slot_at)
 BURST = 9  # the burst decode kernel (M <= 2; small persistent blocks, loads into registers: gemv_burst in gemv_mma.cu)
 DECODES = (0, DECODE_WIDE, PAIR, PAIR_WIDE)
-# M = 1 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE. H200, session 13 (NOTES.md; probe_decode.py,
-# probe_wide.py, two rounds each): 16 x 6 -> 20 x 4 was faster on every weight of <= 84M elements (Qwen o 18.6 ->
-# 15.0 us, Llama qkv 23.9 -> 22.3, q+o 20.1 -> 19.8, Qwen q 16.1 -> 14.9, Qwen qkv 18.2 -> 17.3, Gemma qkv 16.8 ->
-# 16.1, Gemma q 12.7 -> 12.4, Gemma o equal) and mixed above (Llama gate_up 96.7 -> 100.4, Qwen gate+up 35.2 -> 37.5),
-# also at a power-capped clock (Qwen q at 1455 MHz: 20.5 vs 16.7 us; probe_clock.py). M = 2 since session 19 too
-# (probe_decode.py FASTNF4_PROBE_M=2, both kernels with the block-local split-K where it applies: Qwen q 13.7 vs 15.0,
-# Qwen o 15.4 vs 17.3, Gemma qkv 14.8 vs 15.6, Llama q+o 18.9 vs 19.2, Gemma q 10.6 vs 10.8, Llama qkv 21.6 vs 21.8).
-# Above it, ``wide_above_max`` decides.
+# M <= 2 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE (20 warps x 4 stages against 16 x 6): on the H200
+# it is faster on every weight of <= 84M elements at M = 1 (Qwen o 15.0 vs 18.6 us, Llama qkv 22.3 vs 23.9, Gemma o
+# equal; also at 1455 MHz: Qwen q 16.7 vs 20.5) and at M = 2 (Qwen q 13.7 vs 15.0, Llama qkv 21.6 vs 21.8), and mixed
+# above (Llama gate_up 100.4 vs 96.7, Qwen gate+up 37.5 vs 35.2; commit 5b2d3af). Above it, ``wide_above_max`` decides.
 WIDE_MAX_ELEMS = 96 * 2**20
 SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXBytes)
-# Weights of at most this many elements (N * K) take it at M = 2. H200 (benchmarks/probe_small_kernel.py, graph
-# timing): it won on every k/v projection at M = 1 (Llama 8.6 vs 11.9 us for the tensor-core kernel, bitsandbytes
-# 12.0; Qwen 6.8 vs 11.2 / 8.2; Gemma 2048x5376 9.3 vs 11.7 / 10.5; the split kernel below has taken M = 1 since)
-# and on Llama / Qwen k/v at M = 2, and lost from Gemma q/o (4096x5376, 11 MB: 16.8 vs 13.8 us) up: its lookups and
-# x reads go through shared memory per code, the fixed costs it saves only matter below ~6 MB. Since session 24 the
-# split kernel (below) takes these at M = 2 too (its M = 2 build: both x rows per lookup): Llama k+v 10.9 -> 7.0 us,
-# Qwen k+v 8.1 -> 5.5 (probe_decode.py sm sp, FASTNF4_PROBE_SET=small, two rounds equal; results/
-# h200-probe-decode-split-m2.txt); Gemma k+v (11M) stays on the 20-warp decode kernel (7.4 against 8.6 split), as do
-# Gemma q / o (9.1 / 11.4 against 14.5 / 15.3).
+# At M = 2 the split kernel's M = 2 build (both x rows per lookup) takes weights of at most this many elements (N * K):
+# H200, Llama k+v 7.0 us and Qwen k+v 5.5 against 10.9 / 8.1 on the one-warp-per-row small-weight kernel
+# (results/h200-probe-decode-split-m2.txt); Gemma k+v (11M) stays on the 20-warp decode kernel (7.4 against 8.6 split),
+# as do Gemma q / o (9.1 / 11.4 against 14.5 / 15.3).
 SMALL_MAX_ELEMS = 9 * 2**20
-# At M = 1 the split kernel takes the weights of at most this many elements instead (x staged the same way). H200
-# (benchmarks/probe_gemv_split.py, graph timing; its configuration 2 warps x 2 rows x 4 chunks per row and round was
-# within 4% of the best of 24 on each weight): Llama k/v 5.5 us (small-weight kernel 8.5), Qwen k/v 4.6 (6.8), Gemma
-# k/v 6.7 (9.3), Gemma q / o 11.0 / 11.1 (20-warp decode kernel 12.6 / 12.5); Qwen q 17.0 against 14.9. So it took up
-# to 24M elements until the decode kernels' later gains: session 19 (probe_decode.py 0 w, FASTNF4_PROBE_SET=small,
-# two rounds) moved Gemma q (block-local plan) to them, 10.4-10.5 us against 11.0-11.1, and session 26 (probe_decode.py
-# 0 sp w n, same set, two rounds, results/h200-probe-decode-small-m1.txt) Gemma o too: 10.1-10.2 us on 16 warps (its
-# global plan, x staged split-major), 10.7 on 20, 11.4 split (Gemma q 8.4 on 16 warps against 11.2 split); the k/v
-# projections (<= 11M elements) stay split: 4.9-6.9 us against 6.3-52.5 on the decode kernels. Since session 27 the
-# bound is 16M (it was 24M, with the weights above 16M moved back to the decode kernels by a second rule).
+# At M = 1 the split kernel (2 warps x 2 rows x 4 chunks per row and round; x staged the same way) takes the weights of
+# at most this many elements: H200, the k/v projections (<= 11M elements) 4.9-6.9 us against 6.3-52.5 on the decode
+# kernels; above 16M the decode kernels win (Gemma o, 22M: 10.1-10.2 us on 16 warps, 10.7 on 20, 11.4 split; Gemma q 8.4
+# on 16 warps against 11.2 split; results/h200-probe-decode-small-m1.txt, commit ed3b0b1).
 SPLIT_MAX_ELEMS = 16 * 2**20
 
 
@@ -182,15 +167,14 @@ def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
 
 
 # M 3-4: the pair-column decode kernels (gemv_mma.cu kPair) on weights of at least PAIR_MIN_ELEMS elements, where a
-# 64-code chunk pair lies in one quantization block (blocksize >= 64, K % 64 == 0). H200, session 27
-# (benchmarks/probe_pair_cols.py, results/h200-probe-pair-cols-local.json, interleaved graph timing, us at M = 3 / 4,
-# the pair kernel against the wgmma kernel's 8-row x tiles that took these sizes before): faster on all 20 model
-# weights at M = 3 (1.01-1.53x: Llama gate_up 102.2 vs 129.6, Qwen down 34.1 vs 46.0, Gemma k+v 7.6 vs 11.6, Gemma o
-# 13.0 vs 13.1) and on 19 at M = 4 (1.02-1.50x; Gemma o 13.6 vs 13.1). Below the k+v projections' 5M elements: not
-# measured, so the other paths.
+# 64-code chunk pair lies in one quantization block (blocksize >= 64, K % 64 == 0). H200, interleaved graph timing, us
+# at M = 3 / 4, against the wgmma kernel's 8-row x tiles (results/h200-probe-pair-cols-local.json): faster on all 20
+# model weights at M = 3 (1.01-1.53x: Llama gate_up 102.2 vs 129.6, Gemma k+v 7.6 vs 11.6, Gemma o 13.0 vs 13.1) and on
+# 19 at M = 4 (1.02-1.50x; Gemma o 13.6 vs 13.1). Below the k+v projections' 5M elements: not measured, so the other
+# paths.
 PAIR_MIN_ELEMS = 4 * 2**20
 # 16 or 20 warps: the cheaper by ``decode_cost`` (pair = True), the 20-warp build's cost scaled by PAIR_WIDE_FACTOR
-# unless its plan settles globally (``settles_globally``). In that probe the unscaled model picked the slower build on 9
+# unless its plan settles globally (``settles_globally``). In those runs the unscaled model picked the slower build on 9
 # of 20 weights (up to 11%: Qwen q 15.3 vs 13.8 us at M = 3); the 20-warp build with a block-local plan ran faster than
 # its cost said wherever the two costs were within ~8%, but where both builds settle globally (Gemma o and down: 336
 # row tiles, no block-local plan) the 16-warp one was faster (12.8 / 13.2 vs 13.0 / 13.6 us, 31.7 / 33.7 vs 32.1 /
@@ -210,13 +194,12 @@ def pair_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
 
 
 # M <= 2: the burst decode kernel (gemv_mma.cu, namespace burst) on weights of BURST_MIN_ELEMS to BURST_MAX_ELEMS
-# elements with N >= BURST_MIN_N, where its layout holds (K % 256 == 0, blocksize >= 64, M K <= 16384). H200, session 28
-# (benchmarks/probe_burst.py, interleaved graph timing against fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json
-# and three earlier runs at M = 1 that agree within 0.5 us), us at M = 1 / 2, burst vs the decode kernels: Gemma q
-# (4096 x 5376) 8.3 vs 8.9 / 8.7 vs 9.1, Gemma o (5376 x 4096) 8.3 vs 10.3 / 8.8 vs 10.6, Gemma k+v (2048 x 5376) 6.7 vs
-# 7.2 / 7.0 vs 7.2. Slower on the N = 1024 k+v projections at M = 1 (Llama 7.6 vs 6.3, Qwen 5.9 vs 5.3) and from 42M
-# elements up (Qwen q 13.0 vs 11.8, Gemma qkv 14.0 vs 12.4); level or slower on the larger ones but Qwen gate+up
-# (27.0 vs 27.8 at M = 1): one tile per block over all of K has no split-K to balance the last wave.
+# elements with N >= BURST_MIN_N, where its layout holds (K % 256 == 0, blocksize >= 64, M K <= 16384). H200,
+# interleaved graph timing against fastnf4.linear (results/h200-probe-burst-m1.json / -m2.json), us at M = 1 / 2, burst
+# vs the decode kernels: Gemma q (4096 x 5376) 8.3 vs 8.9 / 8.7 vs 9.1, Gemma o (5376 x 4096) 8.3 vs 10.3 / 8.8 vs 10.6,
+# Gemma k+v (2048 x 5376) 6.7 vs 7.2 / 7.0 vs 7.2. Slower on the N = 1024 k+v projections at M = 1 (Llama 7.6 vs 6.3,
+# Qwen 5.9 vs 5.3) and from 42M elements up (Qwen q 13.0 vs 11.8, Gemma qkv 14.0 vs 12.4): one tile per block over all
+# of K has no split-K to balance the last wave.
 BURST_MIN_ELEMS = 8 * 2**20
 BURST_MAX_ELEMS = 24 * 2**20
 BURST_MIN_N = 2048
@@ -257,8 +240,8 @@ def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> boo
     if m > 2 or n * k <= WIDE_MAX_ELEMS:
         return False
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
-    # (since session 24 not where the 16-warp global plan stages x split-major: Gemma down at M = 2 26.85 us against
-    # 28.0 on 20 warps, results/h200-probe-decode-regx.txt)
+    # (not where the 16-warp global plan stages x split-major: Gemma down at M = 2 26.85 us against 28.0 on 20 warps,
+    # results/h200-probe-decode-regx.txt)
     return (local_plan(n, k, blocks, block_warps, s, per, holes=LOCAL_HOLES - x_holes(m, k)) is None
             and not global_split_holes(m, n, k, blocks * block_warps, block_warps, s, per))
 
@@ -275,15 +258,12 @@ def global_split_holes(m: int, n: int, k: int, warps: int, block_warps: int, s: 
     return h if h <= LOCAL_HOLES else 0
 
 
-# At M = 1 (with the staged x of session 21) the two decode kernels are picked by ``decode_cost``: their plan's slices
-# per warp (rounds x (slices per split + ITEM_COST)) times the block's warps, i.e. slices per SM at a rate the two
-# kernels share, x GLOBAL_SETTLE_COST where the plan has global split-K partials. H200 (probe_decode.py n w, session 21,
-# two rounds of 15 weights, NOTES.md): the cost ratio named the faster kernel on 13 of 15 weights (Qwen q 11.8 vs 12.2
-# us and Llama down 47.4 vs 47.5 the misses); the settle factor fits Qwen gate+up (global 16-warp 30.8 vs block-local
-# 20-warp 28.4 us), Gemma gate+up (26.0 vs 27.2) and Gemma gate_up (45.9 vs 44.7). Against the size rules (``choose``,
-# ``wide_above_max``) it moves Llama q+o (16.2 -> 15.6 us), Gemma qkv (13.1 -> 12.8), Gemma q
-# (9.6 -> 9.2), Gemma gate+up (27.2 -> 26.0), Gemma down (28.7 -> 27.4-28.3) and Qwen q (11.8 -> 12.2, the miss) to 16
-# warps and Qwen gate_up (49.1 -> 48.2) to 20. M = 2 keeps the size rules (not measured).
+# At M = 1 the two decode kernels are picked by ``decode_cost`` (at M = 2: ``picks_by_cost``): their plan's slices per
+# warp (rounds x (slices per split + ITEM_COST)) times the block's warps, i.e. slices per SM at a rate the two kernels
+# share, x GLOBAL_SETTLE_COST where the plan has global split-K partials. H200, 15 weights, two rounds (commit 1ea5ac3):
+# the cost ratio names the faster kernel on 13 (the misses: Qwen q 11.8 vs 12.2 us, Llama down 47.4 vs 47.5); the settle
+# factor fits Qwen gate+up (global 16-warp 30.8 vs block-local 20-warp 28.4 us), Gemma gate+up (26.0 vs 27.2) and Gemma
+# gate_up (45.9 vs 44.7).
 GLOBAL_SETTLE_COST = 1.17
 
 
@@ -318,13 +298,11 @@ def _decode_plan(m: int, n: int, k: int, blocks: int, block_warps: int, clusters
 
 
 # What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
-# decode kernel (M <= 2) pays more per split (float32 partial sums, the settle, a statistics phase per work item).
-# H200, session 16 (benchmarks/probe_decode.py, every split count 1-16 on 12 weights of 21-242 MB, NOTES.md): with
-# 0.03 the plan takes the fastest split or one within 3% on all 12; with 0.01 it took 7 splits for Llama gate+up
-# (28672 x 8192: 59.5 us against 52.5 without split-K) and 5 for Qwen gate_up (63.0 against 61.8 with 3). At M = 2
-# (session 17, FASTNF4_PROBE_M=2, 13 weights): 0.03 changes four plans, each to a faster one (Llama gate+up 7 -> 1
-# splits: 61.4 -> 55.1 us, Qwen o 13 -> 6: 19.0 -> 17.3, Qwen gate_up 5 -> 3: 64.5 -> 63.2, Qwen down 13 -> 6: 33.8 ->
-# 33.6) and keeps the other nine.
+# decode kernel (M <= 2) pays more per split (float32 partial sums, the settle, a statistics phase per work item). H200,
+# every split count 1-16 on 12 weights of 21-242 MB (commit f5796dc): with 0.03 the plan takes the fastest split or one
+# within 3% on all 12; with 0.01 it takes 7 splits for Llama gate+up (28672 x 8192: 59.5 us against 52.5 without
+# split-K). At M = 2 (13 weights) 0.03 picks a faster plan than 0.01 on four and the same on nine (Llama gate+up 1 split
+# against 7: 55.1 vs 61.4 us).
 SPLIT_COST = 0.01
 DECODE_SPLIT_COST = 0.03
 
@@ -355,21 +333,21 @@ def plan(m: int, n: int, k: int, warps: int, allow_split: bool = True, rows: int
     return best
 
 
-# Block-local split-K of the decode kernel (gemv_mma.cu, Params::local): the S parts of a 16-row tile run on S warps
-# of one block and are added in shared memory after a block barrier, instead of the fence, atomic counter and float32
-# partials in global memory of the settle (which cost 2.3-7 us per call at M = 1: H200, probe_decode.py with the
-# settle compiled out, session 19). A block then takes U / S whole tiles per round (U <= its warps), so some splits
-# leave warps idle; ``local_plan`` takes it only where its rounds x (slices per split + ITEM_COST) are no more than the
-# global plan's (ITEM_COST: a work item's own statistics phase and start, in slices).
+# Block-local split-K of the decode kernel (gemv_mma.cu, Params::local): the S parts of a 16-row tile run on S warps of
+# one block and are added in shared memory after a block barrier, instead of the fence, atomic counter and float32
+# partials in global memory of the settle (which costs 2.3-7 us per call at M = 1 on the H200, measured with the settle
+# compiled out; commit 120fef6). A block then takes U / S whole tiles per round (U <= its warps), so some splits leave
+# warps idle; ``local_plan`` takes it only where its rounds x (slices per split + ITEM_COST) are no more than the global
+# plan's (ITEM_COST: a work item's own statistics phase and start, in slices).
 LOCAL_HOLES = 256  # partial-sum slots per block (the table's free halves, less x_holes): rounds x warps must fit
 # The decode kernels (M <= 2) stage x once per block in the top holes (gemv_mma.cu kXs) where it takes at most
 # X_HOLES_MAX of them (M = 1: K <= 11264; M = 2: K <= 5632), instead of loading it into registers a slice ahead.
 X_HOLES_MAX = 176
-# Cluster sizes the block-local split-K may also share a round's tiles over (gemv_mma.cu kLocal = 2: the partials
-# read over distributed shared memory): pairs of blocks let 20-warp blocks hold S = 8 parts of 5 tiles per pair
-# (Qwen o 320 tiles: 264 per round in single blocks). H200, session 19 (probe_decode.py against e37fdc0's build, two
-# rounds): Qwen o 15.0 -> 14.3 us, Qwen gate+up 33.3 -> 31.7, Qwen down 31.5 -> 30.9, the rest unchanged; clusters
-# of 4 (30 resident, 120 blocks) were not taken by any plan and measured slower where forced into an earlier build.
+# Cluster sizes the block-local split-K may also share a round's tiles over (gemv_mma.cu kLocal = 2: the partials read
+# over distributed shared memory): pairs of blocks let 20-warp blocks hold S = 8 parts of 5 tiles per pair (Qwen o 320
+# tiles: 264 per round in single blocks). H200, two rounds (commit dab2532): Qwen o 14.3 vs 15.0 us without clusters,
+# Qwen gate+up 31.7 vs 33.3, Qwen down 30.9 vs 31.5, the rest unchanged; clusters of 4 (30 resident, 120 blocks) are
+# taken by no plan and measured slower where forced.
 LOCAL_CLUSTERS = (2,)
 CLUSTER_SIZES = range(2, 9)  # the sizes whose resident clusters the library is asked for (forced plans: any)
 
@@ -378,8 +356,8 @@ ITEM_COST = 1
 
 
 # x too large to stage whole (the down projections) can still be staged by the blocks of a split-major cluster plan
-# (each block holds whole splits, so needs only their part of K: gemv_mma.cu Params.lsplit); ``local_plan`` counts
-# such a plan at STAGED_X_GAIN of its cost (staged x measured 4-14% faster at M = 1, session 21).
+# (each block holds whole splits, so needs only their part of K: gemv_mma.cu Params.lsplit); ``local_plan`` counts such
+# a plan at STAGED_X_GAIN of its cost (staged x measured 4-14% faster at M = 1: commit c82a480).
 STAGED_X_GAIN = 0.9
 
 
@@ -571,10 +549,11 @@ class Prepared:
         self.lib, self.index, self.m, self.n, self.dtype, self.dt, self.v = lib, index, m, n, x2d.dtype, dt, v
         self.nested, self.splits, self.device = int(nested), s, x2d.device
         # PDL for these kernels is opt-in (FASTNF4_PDL_MMA=1): back to back it saves ~0.7-1.5 us per call, but a
-        # graph-captured Qwen3-32B decode step at batch 1 measured 1.5-2% slower with it (NOTES.md, session 7)
+        # graph-captured Qwen3-32B decode step at batch 1 measured 1.5-2% slower with it (NOTES.md, "PDL for the CUDA
+        # matmul kernels")
         self.pdl = int(os.environ.get("FASTNF4_PDL_MMA", "0") == "1" and _triton.pdl(x2d.device, triton_kernel=False))
-        # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to
-        # 2 us slower on Gemma q, 512 row blocks on 396 slots: NOTES.md session 14)
+        # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to 2 us
+        # slower on Gemma q, 512 row blocks on 396 slots: 22a8dd2:NOTES.md, "Session 14")
         if tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
             self.grid = min(local_groups(sms * occ, lc, clusters), -(-tiles // tpb)) * lc
         elif v == BURST:  # persistent blocks, one tile each at a time
