@@ -19,22 +19,19 @@ STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
 # The BM 128 build with 192 weight rows per block (three warpgroups; wgmma.cu Rows) on weights of N >= WIDE_MIN_N
 # (and WIDE_LONG_K: ``wide_wanted``).
-# H200, M = 128 (benchmarks/probe_wgmma_build.py --rows 128,192: both in the same interleaved graphs, two rounds,
-# results/h200-probe-wgmma-rows.json; session 35): faster on all eight model weights of N >= 10240, 6-17% (Qwen
-# gate+up 102.3 -> 85.3 us, Qwen qkv 52.1 -> 44.5, Llama gate+up 159.6 -> 136.9, Llama qkv 72.1 -> 67.8, Llama
-# gate_up 325.6 -> 301.2, Gemma gate_up 168.7 -> 154.0), mixed on the narrower ones (Llama down -6%, Gemma qkv -2%,
-# Llama q+o equal, Qwen q / o +5%, Qwen / Gemma down +4-5%, Gemma q / o +2-4%: fewer tiles to spread over the SMs);
-# M = 80 and an H100 (results/h100-probe-wgmma-rows.json) alike.
-# Session 36 (benchmarks/probe_wgmma_rows_plans.py, results/h200-probe-wgmma-rows-plans.json): on the narrower weights
-# the 192-row build's best forced split (1, 2, 3, 4 or 6 parts) is its own plan's or within 1% of it, so the plan is
-# not what loses there; the one narrow weight it wins on again is Llama down (8192 x 28672: 142.1 -> 135.4 us; the H100
-# 149.1 -> 142.2), whose long K amortises each block's fixed cost over 150 steps: WIDE_LONG_K.
+# H200, M = 128, both builds in the same interleaved graphs, two rounds (results/h200-probe-wgmma-rows.json): the
+# 192-row build is 6-17% faster on all eight model weights of N >= 10240 (Qwen gate+up 85.3 vs 102.3 us, Llama gate_up
+# 301.2 vs 325.6) and mixed on the narrower ones (Llama down -6%, Qwen q / o +5%: fewer tiles to spread over the SMs); M
+# = 80 and an H100 (results/h100-probe-wgmma-rows.json) alike. On the narrower weights its best forced split is its own
+# plan's or within 1% of it, so the plan is not what loses there; the one it wins is Llama down (8192 x 28672: 135.4 vs
+# 142.1 us; H100 142.2 vs 149.1), whose long K amortises each block's fixed cost over 150 steps: WIDE_LONG_K
+# (results/h200-probe-wgmma-rows-plans.json).
 ROWS_WIDE = 192
 WIDE_MIN_N = 10240
 WIDE_LONG_K = (8192, 16384)  # (smallest N, smallest K): also the weights of N >= 8192 where K >= 16384
 WIDE_BM = 128      # the one BM built with ROWS_WIDE
-# x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16) since session 18: 1.03-1.06x BM 16 on all
-# 17 model weights of >= 8 MB at M = 4 and 8 (H200, benchmarks/probe_wgmma_bm8.py, results/h200-probe-wgmma-bm8.json)
+# x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16): 1.03-1.06x BM 16 on all 17 model weights
+# of >= 8 MB at M = 4 and 8 (H200, results/h200-probe-wgmma-bm8.json)
 BLOCK_M = (8, 16, 32, 64, 128, 256)
 # (x rows, weight rows) per block of every build in wgmma.cu (``pick``)
 BUILDS = tuple((bm, ROWS) for bm in BLOCK_M) + ((WIDE_BM, ROWS_WIDE),)
@@ -199,24 +196,22 @@ def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: i
 # Two resident blocks per SM (BM <= 64) with more row tiles than SMs but at most this share of the 2-block slots: the
 # one-wave plan cannot split K (two splits would overfill the wave), so a third of the SMs or more would run one block
 # while the rest run two. Then the first 2 tiles - slots row tiles run whole and the others in 2 parts, exactly one
-# wave. H200 (benchmarks/probe_small_m_plans.py, results/h200-probe-small-m-plans.json and -dispatch.json, interleaved
-# graph timing): Gemma gate+up (168 tiles on 264 slots) at M = 16 50.1 us (its other tail plans of 2 parts 49.2-49.7
-# in the first run) against 60.0 unsplit, at M = 32 52.7 against 63.2; Qwen gate+up (200 tiles) and Llama gate+up (224)
-# were faster unsplit (57.6 vs 59.2, 91.9 vs 93.9 us at M = 8-16), hence the bound between 168 / 264 and 200 / 264.
-# Since session 18 (trimmed steps) the last quarter of the tiles in 3 parts instead, where that fits one wave: Gemma
-# gate+up 126 whole + 42 x 3 = 252 blocks, 40.9 / 42.7 us at M = 16 / 32 against 42.8 / 45.1 for the 2-part tail
-# (probe_small_m_plans.py --only "gemma gate+up" at 1069ae8, results/h200-probe-small-m-plans-gemma.json; session 17's
-# first run had it ahead too: 47.5 vs 50.1, while a 3-part tail of exactly 264 blocks took 62.1, not understood).
+# wave. H200, interleaved graph timing (results/h200-probe-small-m-plans.json, -dispatch.json): Qwen gate+up (200 tiles
+# on 264 slots) and Llama gate+up (224) run faster unsplit (57.6 vs 59.2, 91.9 vs 93.9 us at M = 8-16), Gemma gate+up
+# (168) does not, hence the bound between 168 / 264 and 200 / 264. The last quarter of the tiles goes in 3 parts instead
+# of 2 where that fits one wave: Gemma gate+up 126 whole + 42 x 3 = 252 blocks, 40.9 / 42.7 us at M = 16 / 32 against
+# 42.8 / 45.1 for the 2-part tail and 60.0 / 63.2 unsplit (results/h200-probe-small-m-plans-gemma.json; a 3-part tail of
+# exactly 264 blocks took 62.1, not understood).
 TWO_BLOCK_TAIL_MAX_FILL = 0.7
 TWO_BLOCK_TAIL_MAX_BM = 32  # measured at M 8-32 (BM 8 / 16 / 32); BM 64 (M 33-64) keeps the one-wave plan: not measured
 # More row tiles than two-block slots (but fewer than twice as many: the gate_up projections) at BM <= 32: the first
 # ``slots`` tiles whole (one wave) and the rest in 3 parts over K, or in 2 where 3 would take more than two further
-# rounds of the slots. H200 (benchmarks/probe_wgmma_wide_tail.py, results/h200-probe-wgmma-wide-tail.json, interleaved
-# graph timing, M 8 / 16 / 32; every tile whole before): Llama gate_up (448 tiles) 133.6 / 139.8 / 151.8 us with 184
-# tiles in 2 parts against 144.0 / 150.0 / 162.6, Qwen gate_up (400) 79.0 / 83.0 / 88.9 with 136 in 3 parts against
-# 86.9 / 91.2 / 95.7, Gemma gate_up (336) 66.2 / 69.8 / 73.8 with 72 in 3 parts against 75.6 / 79.5 / 82.9. (Their best
-# measured plans were these or within 1%; wgmma's tail model, made for one block per SM, picked 4 / 5 parts for Llama
-# / Qwen, 2-3% slower.)
+# rounds of the slots. H200, interleaved graph timing, M 8 / 16 / 32, against every tile whole
+# (results/h200-probe-wgmma-wide-tail.json): Llama gate_up (448 tiles) 133.6 / 139.8 / 151.8 us with 184 tiles in 2
+# parts against 144.0 / 150.0 / 162.6, Qwen gate_up (400) 79.0 / 83.0 / 88.9 with 136 in 3 parts against 86.9 / 91.2 /
+# 95.7, Gemma gate_up (336) 66.2 / 69.8 / 73.8 with 72 in 3 parts against 75.6 / 79.5 / 82.9. Their best measured plans
+# were these or within 1%; wgmma's tail model, made for one block per SM, picks 4 / 5 parts for Llama / Qwen, 2-3%
+# slower.
 WIDE_TAIL_PARTS = 3
 
 
