@@ -71,8 +71,8 @@ def dequantize_4bit_kernel(
         b_absmax = tl.load(p_ncode + b_q) * b_scale2 + tl.load(p_offset)
     else:
         b_absmax = tl.load(p_absmax + o_blk, mask=m_blk, other=0.0)
-    # read-once bytes and write-once values: evict-first loads with streaming (.cs) stores (each hint alone
-    # +0.5 points, the pair +2-3 on the H200: benchmarks/probe_dequant_hints.py)
+    # read-once bytes and write-once values: evict-first loads with streaming (.cs) stores (each hint alone +0.5 points,
+    # the pair +2-3 on the H200; commit fdc75c5)
     b_packed = tl.load(p_packed + o_bytes, mask=o_bytes < n_bytes, other=0, eviction_policy="evict_first")
 
     b_hi = tl.load(p_code + (b_packed >> 4).to(tl.int32)) * b_absmax[:, None]
@@ -89,9 +89,9 @@ def dequantize_4bit_kernel(
     tl.store(p_out + o_out, b_cast, mask=o_out < numel, cache_modifier=".cs")
 
 
-# Packed bytes per program (H200 sweeps, NOTES.md): with the cache hints, 1024 as 32 rows x 32 bytes at 2 warps
-# (before them 2048 at 4 warps was best); a flat tile with per-byte absmax was 1-2% slower, 8 KiB tiles and a
-# persistent grid slower still.
+# Packed bytes per program (H200 sweeps, commit fdc75c5): with the cache hints, 1024 as 32 rows x 32 bytes at 2 warps; a
+# flat tile with per-byte absmax was 1-2% slower, 8 KiB tiles and a persistent grid slower still (NOTES.md,
+# "Dequantize").
 TILE_BYTES = 1024
 NUM_WARPS = 2
 

@@ -106,8 +106,8 @@ def prepare(x2d: torch.Tensor, args: tuple):
             return gemv_mma.Prepared(x2d, *args)
         if path == "wgmma":
             return WgmmaPrepared(*args)
-        # (at M <= 32 too since session 24: the k+v projections at M 3-32 take this path, and the full path's host
-        # cost there, ~120 us a call on the H200, was 8x that of the prepared launches: benchmarks/probe_eager_m.py)
+        # (also at M <= 32: the k+v projections at M 3-32 take this path, where the full path's host cost, ~120 us a
+        # call on the H200, is 8x that of the prepared launches; commit a5c6e8f)
         if path == "dequant+matmul":
             return DequantMatmul(x2d.dtype, *args)
     return None

@@ -195,9 +195,9 @@ def gemv_plan(m: int, n: int, k: int, blocksize: int, sms: int):
     g = group_elems(k, blocksize)
     block_n = 16  # H200 sweep (NOTES.md): 16 rows x 256 bytes per step was best at every N tried (M = 1)
     # M >= 2: 32 rows per program where that still gives every SM about two programs (the 32-row build has 232
-    # registers: two resident per SM). H200, session 31 (benchmarks/probe_triton_gemv.py): M = 2 N = 8192 34.0 vs
-    # 57.6 us (K 5120), 54.9 vs 91.5 (K 8192); N = 10240 56.9 vs 58.5, N = 28672 195 vs 222; N = 5120 (160 programs
-    # on 264 slots) 54.3 vs 48.3, so not below
+    # registers: two resident per SM). H200: M = 2 N = 8192 34.0 vs 57.6 us (K 5120), 54.9 vs 91.5 (K 8192); N = 10240
+    # 56.9 vs 58.5, N = 28672 195 vs 222; N = 5120 (160 programs on 264 slots) 54.3 vs 48.3, so not below (commit
+    # 48661e0)
     if m >= 2 and n >= 60 * sms:
         block_n = 32
     ng = max(1, min(256 // (g // 2), triton.next_power_of_2(k // g + 1) // 2))

@@ -213,9 +213,9 @@ def _num_warps(tile: int) -> int:
     return 8 if tile >= 4096 else 4
 
 
-# 4-bit tiles (elements per program, warps), measured on the H200 (benchmarks/probe_quantize.py, NOTES session 39):
-# 64 elements per thread give the compare / select chains the most independent work on the large weights; below
-# ~16M elements that leaves too few programs per SM, and 2048 elements on 8 warps are faster
+# 4-bit tiles (elements per program, warps), measured on the H200 (commit e79c555; results/h200-quantize.json): 64
+# elements per thread give the compare / select chains the most independent work on the large weights; below ~16M
+# elements that leaves too few programs per SM, and 2048 elements on 8 warps are faster
 QUANT_LARGE_MIN_ELEMS = 16 * 2**20
 QUANT_TILE_LARGE = (8192, 4)
 QUANT_TILE_SMALL = (2048, 8)
@@ -243,7 +243,7 @@ def launch_4bit(x, packed, absmax, blocksize, quant_type, approx_rcp=None, elems
 
 
 # 8-bit tiles: one block of 256 per program (the search's dependent gathers want many programs in flight), on 4 warps
-# below ~512K elements and on one above (benchmarks/probe_quantize.py --nested-only, NOTES session 39)
+# below ~512K elements and on one above (H200, 0.6-5 us less per double-quant quantize: commit 4567a79)
 QUANT8_ELEMS = 256
 QUANT8_ONE_WARP_MIN_ELEMS = 2**19
 
