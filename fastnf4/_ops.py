@@ -277,8 +277,8 @@ def _linear_impl(
     args = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias)
     check_linear_args(x, *args)
     if torch.is_autocast_enabled(x.device.type):
-        # the output is in x's dtype on every path (as the fake implementation says): the dense matmul of the
-        # dequantize + matmul path would otherwise follow autocast's dtype and the fused kernels not (session 38)
+        # the output is in x's dtype on every path (as the fake implementation says): the dense matmul of the dequantize
+        # + matmul path would otherwise follow autocast's dtype and the fused kernels not (commit 6412d9a)
         with torch.autocast(x.device.type, enabled=False):
             return _linear_checked(x, *args)
     return _linear_checked(x, *args)

@@ -129,9 +129,9 @@ def decode_speed(model, batch: int, prompt: int, steps: int, graph: bool, top: i
     out = {"ttft_us": ttft, "ttft_range_us": [min(ttfts[1:]), max(ttfts[1:])], "step_us": statistics.median(times),
            "step_range_us": [min(times), max(times)], "tok_per_s": batch * 1e6 / statistics.median(times)}
     if graph and top >= 0:
-        # the kernel-time split of graph replays (eager steps run the same kernels); after the timing, so the
-        # profiler never overlaps a timed step. A profiler session was seen to slow later eager fastnf4 steps
-        # by ~20% (benchmarks/probe_eager.py), hence ``run`` times all eager rows first and fastnf4 first.
+        # the kernel-time split of graph replays (eager steps run the same kernels); after the timing, so the profiler
+        # never overlaps a timed step. A profiler session slows later eager fastnf4 steps by ~20% (commit 5761de0),
+        # hence ``run`` times all eager rows first and fastnf4 first.
         out.update(_profile(fn, 4, top))
     return out
 
@@ -193,8 +193,8 @@ def run(opts) -> dict:
             if variant == "bnb+fastnf4":  # bitsandbytes' ops on fastnf4 kernels for this variant's rows only
                 integ.patch_bitsandbytes(("cuda",))
             try:
-                # every eager measurement before any graph replay is profiled: a profiler session was seen to slow
-                # later eager fastnf4 steps by ~20% (benchmarks/probe_eager.py)
+                # every eager measurement before any graph replay is profiled: a profiler session slows later eager
+                # fastnf4 steps by ~20% (commit 5761de0)
                 for graph in (False, True):
                     for batch in batches:
                         row = dict(model=name, layers=depth, variant=variant, batch=batch,

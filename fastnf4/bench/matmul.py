@@ -98,15 +98,15 @@ def run(opts) -> dict:
         wd64 = wd.double()
         nf4_bytes = q.nbytes()
         # enough copies that the NF4 providers' packed weights alone exceed the L2 several times (the bf16 copies of
-        # cuBLAS then 3.8x more); session 38's review: sizing this by the bf16 weight left the NF4 working set at
-        # ~1.0-1.15x the L2 (the committed results of bb51fd9 were measured so)
+        # cuBLAS then 3.8x more); sized by the bf16 weight instead, the NF4 working set is only ~1.0-1.15x the L2
+        # (commit a6e6c0d)
         reps = rotation_count(nf4_bytes, cap=64)
         ws = [w] + [w.clone() for _ in range(reps - 1)]
         qs_ = [q] + [clone_weight(q) for _ in range(reps - 1)]
         bnbs = [(x.packed, x.to_bnb()[1]) for x in qs_] if F is not None else None
-        # the previous weight's M = 512-2048 rows leave the SM clock power-capped for ~0.2 s (H200: 1455 instead of
-        # 1980 MHz right after 3 s of GEMMs; benchmarks/probe_clock.py): the compute-bound decode kernels measured
-        # up to 25% slower in the M = 1 rows that followed, memory-bound kernels did not (NOTES.md, session 13)
+        # the previous weight's M = 512-2048 rows leave the SM clock power-capped for ~0.2 s (H200: 1455 instead of 1980
+        # MHz right after 3 s of GEMMs): the compute-bound decode kernels measured up to 25% slower in the M = 1 rows
+        # that followed, memory-bound kernels did not (commit 8122bbe; 22a8dd2:NOTES.md, "Session 13")
         torch.cuda.synchronize()
         time.sleep(0.5)
         for m in ms:
