@@ -55,9 +55,8 @@ namespace fastnf4_mma {
 // 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.choose``); 5 = the decode kernel
 // with 20 warps x 4 stages (``gemv_mma.choose``); 6 = the split small-weight kernel (M = 1); 7 / 8 = the decode
 // kernel of 16 / 20 warps with pair columns (M <= 4, blocksize >= 64, K % 64 == 0; see kPair), which takes M = 3-4
-// since session 27 (before, the GEMM kernel: on the H200 it had beaten the decode kernel with 2 column groups there,
-// gate_up 166 vs 172 us, down 75 vs 88 us; NOTES.md session 4); 9 = the burst decode kernel (M <= 2, session 28:
-// ``gemv_mma.burst_wanted``).
+// where it fits (``gemv_mma.pair_wanted``; results/h200-probe-pair-cols-local.json); 9 = the burst decode kernel
+// (M <= 2: ``gemv_mma.burst_wanted``).
 template <typename T, bool kNested>
 void* pick(int variant) {
   switch (variant) {

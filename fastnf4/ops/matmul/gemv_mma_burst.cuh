@@ -12,7 +12,7 @@
 
 namespace fastnf4_mma {
 
-// Burst decode kernel (variant 9, M <= 2; NOTES.md session 28, benchmarks/probe_burst.cu's gemv_burst_r with 4 warps):
+// Burst decode kernel (variant 9, M <= 2; commit 457ed9c):
 // small persistent blocks (4 warps, 3 per SM), each owning one 16-row tile over all of K at a time, tiles in turn. A
 // warp's rounds are the slice pairs q = warp, warp + 4, ... of the tile (256 codes: the decode kernel's fragment layout
 // over two 128-code slices); every load of a round (four 16-byte weight pieces, one aligned 4-byte word of a row's
@@ -22,7 +22,7 @@ namespace fastnf4_mma {
 // memory (bitwise repeatable). For a kernel without static shared memory the dynamic array starts at the window offset
 // kBurstBase (sm_90: after the 1 KiB the system reserves), where a table lookup is one PRMT + one LDS [R + imm]; where
 // it does not (checked per block), the same code with the base in a register.
-// H200, M = 1 / 2 (probe_burst.py, interleaved with fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json): faster
+// H200, M = 1 / 2 (interleaved with fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json): faster
 // than the decode kernels on the 11-22M-element weights of N >= 2048 (Gemma q 8.3 vs 8.9 us, o 8.3 vs 10.3, k+v 6.7
 // vs 7.2 at M = 1), not elsewhere (``gemv_mma.burst_wanted``).
 // Needs (the host checks): M <= 2, K % 256 == 0, blocksize >= 64 (a power of two), M K <= 16384, N K < 2^31, the

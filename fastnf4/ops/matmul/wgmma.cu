@@ -40,7 +40,7 @@
 //
 // Statistics are copied as whole aligned 4- or 16-byte words, so the host launches it only where the absmax array
 // ends on such a boundary (wgmma.stats_fit: every model weight; compute-sanitizer reported the last word of the
-// others as a read past the allocation, session 37).
+// others as a read past the allocation: commit 9f30056).
 //
 // Requirements checked by the caller: sm_90, K % 64 == 0, M * K * 2 < 2^31, blocksize a power of two >= 64, x contiguous with
 // 16-byte aligned rows (K % 8 == 0 holds), packed 16-byte aligned, nested statistics in blocks of 256.
@@ -121,8 +121,8 @@ template <int BN> struct Rows {
 // after the step's wgmma). The products are then x times the code rounded to the input dtype, not times the
 // exactly dequantized weight: the arithmetic of gemv_mma.cu's kernels (about 1.6x cuBLAS's error with bf16).
 // Needs one absmax per row and step: blocksize >= 64 (a requirement of this kernel anyway).
-// H200 (benchmarks/probe_wgmma_parts.py --small, NOTES.md session 11): 1.10-1.18x faster than the exact decode at
-// BM 16 / 32, 1.03-1.08x at BM 64 (127-128 registers); the exact decode keeps BM >= 64 (M > 32).
+// H200 (commit 4ab29c6): 1.10-1.18x faster than the exact decode at BM 16 / 32, 1.03-1.08x at BM 64 (127-128
+// registers); the exact decode keeps BM >= 64 (M > 32).
 constexpr int kFastMaxBM = 32;
 
 // Statistics in quads: where every row's statistics for 4 steps sit in one aligned word (8-bit codes) or 16-byte
@@ -135,10 +135,10 @@ constexpr int kFastMaxBM = 32;
 // 3), the x tile descriptors are one add from a base worked out once, and the weight copy source is a base pointer
 // plus 32 bytes per step; the loop runs 4 steps per iteration, so a step's place in its statistics quad is a
 // constant, and with blocksize 64 a row's 4 absmax of a quad are read at once. Same data, same arithmetic: only the
-// instructions that find it change. H200 (NOTES.md session 18, A / B against the untrimmed kernel): 1.01-1.16x at
+// instructions that find it change. H200 (commit 0e313c3, A / B against the untrimmed kernel): 1.01-1.16x at
 // M = 16, 1.05-1.13x at M = 32 on the 17 model weights of >= 8 MB.
 constexpr int kTrimMaxBM = 32;
-// ... and so do BM >= kTrimFromBM (H200, session 18, A / B against the untrimmed build: M = 128 15 of 17 weights faster,
+// ... and so do BM >= kTrimFromBM (H200, commit 978cefa, A / B against the untrimmed build: M = 128 15 of 17 faster,
 // up to 7%, two 3-4% slower; M = 256 14 of 17 faster, up to 10%). BM 64 stays untrimmed: trimmed, its non-nested
 // variant needs more than the 128 registers of two blocks per SM (16 bytes of spills).
 constexpr int kTrimFromBM = 128;
@@ -150,8 +150,8 @@ template <int BM, int BN = kBN> struct Cfg {
   static constexpr int kBlocks = BM <= 64 && BN == kBN ? 2 : 1;
   static constexpr bool kTrim = BM <= kTrimMaxBM || BM >= kTrimFromBM;
   static constexpr int kQuadSlots = kTrim ? 4 : 3;
-  // the trimmed variants also take the block barrier and issue their copies every other step only (H200, NOTES.md
-  // session 18: 0.5-2% at M = 16, 1-3.6% at M = 32 against one barrier per step)
+  // the trimmed variants also take the block barrier and issue their copies every other step only (H200, commit
+  // 2e31c4e: 0.5-2% at M = 16, 1-3.6% at M = 32 against one barrier per step)
   static constexpr bool kPair = kTrim;
   static_assert(!kPair || kXStages == 4, "paired steps: x stage i & 3, even-step refills");
   static constexpr int kXBytes = BM * kStep * 2;  // BM rows x 128 bytes
@@ -637,7 +637,7 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
   // Trimmed variants with BM >= kTrimFromBM (kRun): the copy sources are running pointers of the loop's 4-step
   // iteration (base step i0, a multiple of 4), so a copy's source is a pointer plus a constant (rel = u - i0, known
   // where the loop is unrolled), and the destinations are kept registers plus a uniform slot offset: no 64-bit index
-  // arithmetic per copy (H200, session 44, with the statistics shuffle below: 2-2.5% faster at M = 128, 1.5% at
+  // arithmetic per copy (H200, commit 9786223, with the statistics shuffle below: 2-2.5% faster at M = 128, 1.5% at
   // M = 512 over the 17 model weights; 1-2.4% slower at M = 16 / 32, so BM <= 32 keep w_base + u w_stride). Rows
   // past N copy zero bytes from the packed base (+ 32 bytes per step stays inside the allocation: u < nsteps <=
   // K / 64). Statistics quads with blocksize 64 (quad64): the row's block of step u is s_e0 + u.
@@ -980,9 +980,9 @@ __global__ void __launch_bounds__(Rows<BN>::kThreads, Cfg<BM, BN>::kBlocks) nf4_
 
 // Columns col0 .. N - 1 of y (the split tail, W = N - col0 wide) = the sum of the S float32 partial slices
 // [S, M, W] in split order (+ bias), rounded once to the output dtype. One launch over the whole GPU (an in-kernel
-// settle by the block completing each tile was 1.5-2x slower: NOTES.md session 11; torch's sum + copy took two
-// launches). Each thread takes 4 adjacent columns of a row (16-byte loads) where W and N are multiples of 4 and y
-// is 8-byte aligned, else one; rows over blockIdx.y, column groups over blockIdx.x and the threads.
+// settle by the block completing each tile is 1.5-2x slower: NOTES.md "Hopper prefill kernel"; torch's sum + copy
+// takes two launches). Each thread takes 4 adjacent columns of a row (16-byte loads) where W and N are multiples of 4
+// and y is 8-byte aligned, else one; rows over blockIdx.y, column groups over blockIdx.x and the threads.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(256) splitk_sum(const float* __restrict__ y32, const void* bias, void* y, int splits,
                                                   long long rows, long long w, long long col0, long long n) {
