@@ -18,9 +18,9 @@
 namespace fastnf4_mma {
 
 // Pipelined decode kernel for M <= 2 (one column group), organised to issue few instructions per code
-// and to keep many bytes in flight (ncu on the first version, session 2's kernel, Llama gate_up
-// M = 1: 0.52 instructions issued per scheduler cycle, 7.3 cycles between a warp's instructions, ~8.6
-// instructions per packed byte, 128 registers with spills, 16 warps per SM):
+// and to keep many bytes in flight (ncu on a straightforward version, Llama gate_up M = 1: 0.52 instructions
+// issued per scheduler cycle, 7.3 cycles between a warp's instructions, ~8.6 instructions per packed byte, 128
+// registers with spills, 16 warps per SM; 22a8dd2:NOTES.md, session 2):
 // - one PRMT + one LDS per packed byte: the table entry v of lane l sits at byte v * 256 + 4 l of a table that
 //   starts at a 64 KiB-aligned shared address, so a single byte permute of (word, table | 4 l) yields the
 //   full address (the upper 128 bytes of every entry are unused);
@@ -39,7 +39,7 @@ constexpr int kHoles = 256;  // free 128-byte halves of the table's entries: blo
                              // from the bottom, staged x (Params::xs) at the top
 // warps per block (one block per SM) and ring stages: kCfg 0 = 16 x 6 (112 registers), kCfg 1 = 20 x 4 (ptxas
 // then keeps it at 96 registers without spills). At M = 1 on the H200 the second is 2-20% faster on weights of
-// up to ~84M elements launched alone and up to 6% slower on some larger ones (NOTES.md, session 13);
+// up to ~84M elements launched alone and up to 6% slower on some larger ones (commit 5b2d3af);
 // ``gemv_mma.choose`` picks.
 template <int CG, int kCfg = 0> struct Cfg {
   static constexpr int kWarps = kCfg ? 20 : 16;
@@ -100,8 +100,8 @@ __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[
 // 2 s + 1 of it and lane t's 64 bytes of it lie at a fixed lane offset + 512 s. Per slice: one multiply-add and four
 // 16-byte shared loads by the lanes that carry x (predicated: the others keep the zeros the mma needs from them)
 // instead of the x cursor, the predicated global loads and a second x buffer; K % 128 == 0 (the host's condition),
-// so the weight copies need no K bound (0.1-1.3 us at M = 1). H200 (probe_decode.py, M = 1, NOTES.md
-// session 21): 4-14% faster on every staged weight (Llama gate_up 89.9 -> 78.6 us, q+o 17.9 -> 16.3); unpredicated
+// so the weight copies need no K bound (0.1-1.3 us at M = 1). H200 (M = 1, commit c82a480): 4-14% faster on
+// every staged weight (Llama gate_up 78.6 vs 89.9 us, q+o 16.3 vs 17.9); unpredicated
 // loads (the other lanes reading a zero hole) and a block barrier after the first weight slice instead of after x
 // alone were each slower than the register path.
 // kPair (variants 7 / 8, M <= 4): B column n stands for (x row n / 2, chunk pair n % 2) instead of (x row n / 4,
@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const int below = static_cast<int>(tpad) / kWarpBytes;
   uint32_t* table = reinterpret_cast<uint32_t*>(smem + tpad);
   // The pair table is built while the first weight copies are in flight (after they are issued, before the block
-  // barrier ahead of the first step; H200, NOTES.md session 21), or, when its source is a constant (PDL launches),
-  // before pdl_wait: it then overlaps the previous kernel's drain.
+  // barrier ahead of the first step; H200, 22a8dd2:NOTES.md, session 21), or, when its source is a constant (PDL
+  // launches), before pdl_wait: it then overlaps the previous kernel's drain.
   const bool table_first = p.code_const != 0;
   static_assert(C::kThreads >= 256, "one nested code per thread");
   if (table_first && p.code_const) {
@@ -298,8 +298,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
     ldB = szB ? ldA + 4 * K : p.packed;
   };
   uint32_t ring_ld = ring_s + (kStages - 1) * 1024;  // shared address of the next stage to fill
-  // the weights are read once: their L2 lines are marked evict-first (H200, probe_decode.py: 2.6-4.7% faster on the
-  // five large weights, two alternating rounds; as for the dequantize kernel's loads, NOTES.md session 7)
+  // the weights are read once: their L2 lines are marked evict-first (H200: 2.6-4.7% faster on the five large
+  // weights, two alternating rounds; as for the dequantize kernel's loads; 22a8dd2:NOTES.md, session 7)
   const uint64_t wpolicy = evict_first_policy();
   auto issue = [&]() {
     if (ld.tile < tiles) {
@@ -322,15 +322,15 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   ld = cp;
   ld_rows();
   // nested absmax of the next phase in registers (cached loads; see fetch_stats) where x is staged: the register-x
-  // builds keep the copies (with the two registers they lost 0.2-1.3 us at M = 2 on the H200, e.g. 5120 x 25600
-  // 31.5 -> 32.9 us, where the cluster build spilled; equal at M = 1; NOTES.md session 23)
+  // builds keep the copies (with the two registers they lose 0.2-1.3 us at M = 2 on the H200, e.g. 5120 x 25600
+  // 32.9 vs 31.5 us, where the cluster build spills; equal at M = 1; 22a8dd2:NOTES.md, session 23)
   constexpr bool kNaRegs = kNested && kXs;
   float2 na_store = make_float2(0.f, 0.f);
   float2* na_reg = kNaRegs ? &na_store : nullptr;
   bool fetched = false;  // the raw area holds this phase's statistics (asynchronous form) ...
   int since = 0;         // ... copied in the commit group of the step ``since`` steps ago
   // the first phase's statistics travel with the first weights (one global round trip at the start instead of
-  // two: H200, probe_decode.py, M = 1: -0.3 to -1.1 us on every weight of 11-242 MB)
+  // two: H200, M = 1: -0.3 to -1.1 us on every weight of 11-242 MB)
   if (async_stats && cp.tile < tiles) {
     fetch_stats<kNested>(p, raw_s, cp.tile, cp.slice, lane, log2_bs, nblocks, na_reg);
     cp_async_commit();
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const int c0 = (2 * t) & 3;
   int rel = 0;  // slice index inside the work item
   // kXs: this lane's x registers, zeroed once (a lane without x never loads: its B operand stays zero; zeroing them
-  // every slice was 8 more instructions per slice and 0.1-1.1 us slower at M = 1, H200, session 21)
+  // every slice is 8 more instructions per slice and 0.1-1.1 us slower at M = 1, H200; 22a8dd2:NOTES.md, session 21)
   uint4 xs_keep[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) xs_keep[i] = make_uint4(0, 0, 0, 0);
@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // one slice: mma on x ``xcur`` and weights ``wcur`` (both read a step ago); the next slice's into ``xnext`` /
   // ``wnext``
   // staged-x builds keep the lane's table and statistics addresses in registers, made opaque once per slice so that
-  // ptxas does not work them out again from the thread index (it did, ~18 instructions per slice at 111 of 128
-  // registers): H200, session 21, 0-0.8 us faster at M = 1 on 11 of 15 weights, none slower by more than 0.1 us. (The
-  // register-x builds stay as they were: the 20-warp cluster one would spill.)
+  // ptxas does not work them out again from the thread index (~18 instructions per slice at 111 of 128 registers
+  // otherwise): H200, 0-0.8 us faster at M = 1 on 11 of 15 weights, none slower by more than 0.1 us (22a8dd2:NOTES.md,
+  // session 21). The register-x builds do without: the 20-warp cluster one would spill.
   uint32_t pin_table = lane_base, pin_stats = static_cast<uint32_t>(__cvta_generic_to_shared(stats + g * kStatStride + c0));
   auto step = [&](const uint4 (&xreg)[CG][4], uint4 (&xnext)[CG][4], const uint4 (&wcur)[2], uint4 (&wnext)[2]) {
     if constexpr (kXs) {

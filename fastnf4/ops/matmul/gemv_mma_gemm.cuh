@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(gemm::kThreads, 1) gemm_mma_pipe(const __grid_
     szB = rowA + 8 < N ? 16 : 0;
     ldw = szA ? p.packed + ((rowA * K) >> 1) + 16 * t : p.packed;
   };
-  // the weights are read once: evict-first, as in the decode kernel (H200, probe_decode.py at M = 16: Llama gate_up
-  // 210 -> 197 us, Qwen gate_up 168 -> 145, Qwen down 76 -> 71, the others -1%)
+  // the weights are read once: evict-first, as in the decode kernel (H200 at M = 16: Llama gate_up 197 vs 210 us
+  // without, Qwen gate_up 145 vs 168, Qwen down 71 vs 76, the others -1%)
   const uint64_t wpolicy = evict_first_policy();
   // Copies of one step into ring stage ``st`` (always one commit group, empty past the last item).
   auto issue = [&](const BCursor& c, int st) {

@@ -130,9 +130,9 @@ __global__ void __launch_bounds__(small::kThreads) gemv_small(const __grid_const
 // t takes the 16-byte chunks (32 codes) 32 (2 j + t) + l of both rows. All of a lane's chunks of one round
 // (kGroup per row) and their statistics are loaded before any is used, and x is staged in shared memory once per
 // block while the first loads are in flight; lookups and float32 sums as in the small-weight kernel; a warp
-// shuffle reduction and a fixed-order sum of the two parts through shared memory end the rows. H200
-// (benchmarks/probe_gemv_split.py, graph timing): k/v 4.5-6.7 us (small-weight kernel 6.8-9.3), Gemma q / o 11.0
-// (tensor-core decode kernel 12.5); from Qwen q (8192 x 5120) up the tensor-core kernel is faster (14.9 vs 17.0).
+// shuffle reduction and a fixed-order sum of the two parts through shared memory end the rows. H200 (graph timing,
+// commit 3c9bf34): k/v 4.5-6.7 us (small-weight kernel 6.8-9.3); above 16M elements the tensor-core decode kernels
+// are faster (``gemv_mma.SPLIT_MAX_ELEMS``; results/h200-probe-decode-small-m1.txt).
 namespace split {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
