@@ -127,12 +127,6 @@ def disabled() -> bool:
     return os.environ.get("FASTNF4_CUDA", "1") == "0"
 
 
-def enabled() -> bool:
-    """The CUDA kernels are not switched off (``FASTNF4_CUDA``); whether a library is there for a device is
-    ``load``'s / ``status``'s business."""
-    return not disabled()
-
-
 def strict() -> bool:
     """``FASTNF4_STRICT=1``: a CUDA library that is unavailable for a CUDA device is an error, not a warning."""
     return os.environ.get("FASTNF4_STRICT", "0") not in ("", "0")
@@ -192,15 +186,10 @@ def _release_number(release: str) -> int:
     return int(major) * 1000 + int(minor) * 10
 
 
-def gencode(arch: str) -> list[str]:
-    """The single-target nvcc flag for ``sm_90`` / ``sm_90a`` (SASS only)."""
-    number = arch.split("_", 1)[1]
-    return [f"-gencode=arch=compute_{number},code=sm_{number}"]
-
-
 def fat_gencode(sass: list[str], ptx: list[str]) -> list[str]:
     """nvcc flags for one library with SASS for each ``sm_XY`` of ``sass`` and PTX for each ``compute_XY`` of
-    ``ptx`` (the driver compiles the PTX for newer GPUs)."""
+    ``ptx`` (the driver compiles the PTX for newer GPUs). ``fat_gencode([arch], [])``: one target, SASS only (the
+    JIT build)."""
     flags = [f"-gencode=arch=compute_{a.split('_', 1)[1]},code={a}" for a in sass]
     flags += [f"-gencode=arch={p},code={p}" for p in ptx]
     return flags
@@ -379,7 +368,7 @@ def _verified(lib: str) -> bool | None:
 def _cache_entry(source: str, arch: str, nvcc: str, folder: str, extra: tuple[str, ...]) -> tuple[str, list[str]]:
     """(library path in ``folder``, nvcc arguments) of a build: the name's key covers the source text (with its local
     headers), the target, the compiler's version output and every flag."""
-    args = [*gencode(arch), *FLAGS, *extra]
+    args = [*fat_gencode([arch], []), *FLAGS, *extra]
     tag = _key(_source_bytes(source), arch.encode(), nvcc_version(nvcc).encode(), "\0".join(args).encode())
     stem = os.path.splitext(os.path.basename(source))[0]
     return os.path.join(folder, f"lib{stem}-{arch}-{tag}.so"), args

@@ -246,7 +246,7 @@ def test_cuda_switched_off(pkg, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _load(pkg, pkg.gemv) is None
-    assert pkg.loaded == [] and not _cuda.enabled()
+    assert pkg.loaded == [] and _cuda.disabled()
     assert _cuda.status(torch.device("cuda", 0))["libraries"]["gemv_mma"]["source"] == "disabled"
     assert _cuda.load(pkg.gemv, torch.device("cpu")) is None
 
