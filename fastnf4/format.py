@@ -79,10 +79,7 @@ class NestedStats:
 
     def check(self, nblocks: int, device: torch.device) -> None:
         """Raise ``ValueError``/``TypeError`` naming the first field that does not fit ``nblocks`` blocks on ``device``."""
-        if isinstance(self.nested_blocksize, bool) or not isinstance(self.nested_blocksize, int):
-            raise TypeError(f"nested_blocksize must be an int, got {type(self.nested_blocksize).__name__}")
-        if self.nested_blocksize not in BLOCKSIZES:
-            raise ValueError(f"unsupported nested_blocksize {_short(self.nested_blocksize)}")
+        _check_blocksize(self.nested_blocksize, "nested_blocksize")
         if self.nested_dtype not in FLOAT_DTYPES:
             raise TypeError(f"nested_dtype must be one of {FLOAT_DTYPES}, got {self.nested_dtype!r}")
         _check_tensor(self.absmax, "absmax", torch.uint8, nblocks, device)
@@ -209,10 +206,7 @@ class NF4Weight:
     def _validate_layout(self) -> None:
         if not isinstance(self.quant_type, str) or self.quant_type not in QUANT_TYPES:
             raise ValueError(f"unknown quant_type {self.quant_type!r}; expected one of {QUANT_TYPES}")
-        if isinstance(self.blocksize, bool) or not isinstance(self.blocksize, int):
-            raise TypeError(f"blocksize must be an int, got {type(self.blocksize).__name__}")
-        if self.blocksize not in BLOCKSIZES:
-            raise ValueError(f"unsupported blocksize {_short(self.blocksize)}; expected one of {BLOCKSIZES}")
+        _check_blocksize(self.blocksize, "blocksize")
         if self.dtype not in FLOAT_DTYPES:
             raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {self.dtype}")
         if not isinstance(self.shape, torch.Size):
@@ -259,10 +253,7 @@ class NF4Weight:
                 raise ValueError("absmax does not match the double-quant statistics in nested_stats it must be decoded "
                                  "from (build the weight with absmax=None to decode them)")
         if kernel_nested:
-            if isinstance(self.nested_blocksize, bool) or not isinstance(self.nested_blocksize, int):
-                raise TypeError(f"nested_blocksize must be an int, got {type(self.nested_blocksize).__name__}")
-            if self.nested_blocksize not in BLOCKSIZES:
-                raise ValueError(f"unsupported nested_blocksize {_short(self.nested_blocksize)}")
+            _check_blocksize(self.nested_blocksize, "nested_blocksize")
             n2 = -(-self.nblocks // self.nested_blocksize)
             _check_tensor(self.nested_absmax, "nested_absmax", torch.float32, n2, dev)
             _check_tensor(self.nested_code, "nested_code (nested_quant_map)", torch.float32, 256, dev)
@@ -533,6 +524,14 @@ def _offset_number(v: Any) -> float:
     if not math.isfinite(x) or not math.isfinite(torch.tensor(x, dtype=torch.float32).item()):
         raise ValueError(f"nested_offset must be finite (as a float32), got {_short(v)}")
     return x
+
+
+def _check_blocksize(value: Any, name: str) -> None:
+    """A TypeError unless ``value`` is an int (not a bool), a ValueError unless it is one of ``BLOCKSIZES``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value not in BLOCKSIZES:
+        raise ValueError(f"unsupported {name} {_short(value)}; expected one of {BLOCKSIZES}")
 
 
 def _short(v: Any, limit: int = 80) -> str:
