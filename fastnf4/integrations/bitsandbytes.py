@@ -25,10 +25,10 @@ When fastnf4 and bitsandbytes are installed together, bitsandbytes loads the ent
 The automatic patch is on unless ``FASTNF4_PATCH_BITSANDBYTES=0``. It was opt-in while every patched call paid
 the full Python path (eager ``generate()`` of a 64-layer Qwen3-32B got 1.5x slower, benchmarks/results/
 h200-paper.md); patched calls now reuse prepared launches (``_PREPARED``), and on the H200 (a 16-layer Qwen3-32B
-bitsandbytes model, batch 1, ``benchmarks/probe_patch.py``) the patched model decodes 1.18x faster with CUDA
-graphs, prefills 0.96x or less of the time, and decodes eager within 8% of unpatched bitsandbytes (each patched
-call still crosses the dispatcher into Python: ~42 us of host time against ~36 us; session 29, at the backend key:
-graph step 1.47x, ~38 against ~34 us, results/h200-probe-patch-*.json).
+bitsandbytes model, batch 1; commit 44bbf8d) the patched model decodes 1.18x faster with CUDA graphs, prefills 0.96x
+or less of the time, and decodes eager within 8% of unpatched bitsandbytes (each patched call still crosses the
+dispatcher into Python: ~42 us of host time against ~36 us). At the backend key (commit 48ee61e): graph step 1.47x,
+~38 against ~34 us (benchmarks/results/h200-probe-patch-no_grad.json and -inference.json, commit bf6a4ff).
 
 Where bitsandbytes' own kernels for a device can be captured (``_capture_kernels``: its backend modules run once more
 with a recording ``register_kernel``, so fastnf4 holds the Python functions bitsandbytes registered), an op is

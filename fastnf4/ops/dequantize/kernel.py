@@ -12,11 +12,12 @@ that product and sum round separately, as bitsandbytes' two steps do.
 
 Launch: with programmatic dependent launch on sm_90+ (``_triton.pdl``; ``PDL``), so the grid is put on the GPU
 while the previous kernel drains; it waits for that kernel (``gdc_wait``) before touching memory. H200: +0.3 to
-+5 points of copy bandwidth, most on the small shapes (benchmarks/probe_pdl.py). Only the programs of the grid's
-last wave (``pid >= trig_from``) signal that the next grid may be scheduled: the signal doubles a program's launch
-cost, and the next grid may go on the GPU once every program has signalled *or exited*, so the tail's signals are
-enough. H200: +0.2 to +0.6 points on every shape of >= 56 MB against every program signalling
-(benchmarks/probe_dequant_trigger.py).
++5 points of copy bandwidth, most on the small shapes (commit 3ad4457; results in
+e8fb4ca:benchmarks/results/h200-probe-pdl.json). Only the programs of the grid's last wave (``pid >= trig_from``)
+signal that the next grid may be scheduled: the signal doubles a program's launch cost, and the next grid may go on
+the GPU once every program has signalled *or exited*, so the tail's signals are enough. H200: +0.2 to +0.6 points on
+every shape of >= 56 MB against every program signalling (commit cab0e71; results in
+cab0e71:benchmarks/results/h200-probe-dequant-trigger.json).
 
 Rounding: ``code * absmax`` in float32, then one round-to-nearest-even to the output dtype. Triton's CPU
 interpreter does not round float32 -> bf16 to nearest even, so under the interpreter (``MANUAL_BF16``)
