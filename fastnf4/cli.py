@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--batches", type=int, nargs="*", default=None, help="e2e: batch sizes (default 1 8 32)")
     bench.add_argument("--prompt", type=int, default=160, help="e2e: prompt tokens (GSM8K-like length)")
     bench.add_argument("--steps", type=int, default=32, help="e2e: timed decode steps")
+    bench.add_argument("--e2e-modes", nargs="+", default=None, choices=["eager", "graph", "compiled"],
+                       help="e2e: decode modes (default: eager graph; compiled: torch.compile + a CUDA graph, one "
+                            "compile per batch size and variant, about 2 minutes each at full depth on an H200)")
+    bench.add_argument("--e2e-variants", nargs="+", default=None, choices=["fastnf4", "bnb", "bnb+fastnf4", "bf16"],
+                       help="e2e: variants (default: all; the bitsandbytes ones where bitsandbytes imports)")
     bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")
     doctor = sub.add_parser("doctor", help="versions, GPUs, which kernels run, the bitsandbytes patch and a self-check "
                                            "of each op (paste its output into bug reports); exit 1 if a check fails")

@@ -37,8 +37,9 @@ def time_cuda(calls: Sequence[Callable[[], object]], iters: int = 60, warmup: in
     The GPU sleeps while the host queues every call, so that no call's events hold host time. Whether it did is
     checked: the first start event must still be pending once the last call is queued. If the GPU woke first (a
     host slower than the warm-up measured: an op whose kernels are separated by Python then times the host's
-    gaps, seen in session 40 as a 545 us median of a 29-37 us quantize), the timing is repeated with a 4x longer
-    sleep, up to ``tries`` times; ``queued_ahead`` says whether the kept timing passed the check."""
+    gaps; commit 40fbd2c: an H100 ``bench quantize`` timed Gemma k+v fp16 at a 545 us median against 29 us in bf16),
+    the timing is repeated with a 4x longer sleep, up to ``tries`` times; ``queued_ahead`` says whether the kept
+    timing passed the check."""
     for i in range(warmup):
         calls[i % len(calls)]()
     torch.cuda.synchronize()
@@ -93,8 +94,8 @@ def time_graphs(providers: dict[str, Sequence[Callable[[], object]]], per_graph:
                 warmup: int = 2) -> dict[str, dict]:
     """``time_graph`` for several providers at once, their replays interleaved: round r replays every provider's
     graph once, starting at provider r (mod count), so that all of them are timed in the same clock and power
-    state. Under sustained GEMM load the H200 lowers its SM clock within a fraction of a second (NOTES.md,
-    session 13: 1980 -> 1455 MHz); timed one after the other, a provider that comes later pays that alone."""
+    state. Under sustained GEMM load the H200 lowers its SM clock within a fraction of a second (1980 -> 1455 MHz,
+    22a8dd2:NOTES.md); timed one after the other, a provider that comes later pays that alone (commit b4b3db5)."""
     graphs = {name: capture(calls, per_graph)[0] for name, calls in providers.items()}
     names = list(graphs)
     for _ in range(warmup):

@@ -1,8 +1,8 @@
 """``fastnf4 bench quantize``: blockwise NF4 quantization (with and without double quantization) against
 bitsandbytes' ``quantize_4bit``, both from the same random fp16/bf16 weights. bitsandbytes twice: its public
 function (``bnb_us``: what a caller waits, its per-call host-to-device table copy included) and its kernels alone
-(``bnb_kernels_us``, ``bnb_kernels``: the GPU-time comparison; added in session 38, after its review found the
-public-function span mostly host time on the small weights)."""
+(``bnb_kernels_us``, ``bnb_kernels``: the GPU-time comparison, since the public function's span is mostly host time
+on the small weights: commit a6e6c0d)."""
 from __future__ import annotations
 
 import torch
