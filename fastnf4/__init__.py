@@ -12,9 +12,10 @@ __version__ = "0.1.0"
 
 # public name -> the module (relative to this package) that defines it
 _EXPORTS = {
-    "Linear4bit": "nn", "quantize_model": "nn",
+    "Linear4bit": "nn", "quantize_model": "nn", "repack_model": "nn",
     "NF4Weight": "format",
     "dequantize": "api", "linear": "api", "quantize": "api",
+    "LAYOUTS": "layouts", "repack": "layouts",
     "patch_bitsandbytes": "integrations.bitsandbytes", "unpatch_bitsandbytes": "integrations.bitsandbytes",
     "NF4Config": "integrations.hf_quantizer",
 }

@@ -12,6 +12,11 @@ Ops (flat tensors; the Python API in :mod:`fastnf4.api` reshapes):
 * ``quantize_4bit(A, blocksize, quant_type) -> (packed uint8 [ceil(n/2)], absmax float32 [ceil(n/bs)])``.
 * ``quantize_8bit(A, offset, code, blocksize) -> (uint8 [n], absmax float32 [ceil(n/bs)])``: blockwise 8-bit
   quantization of ``A - offset`` with a 256-entry sorted code (double quantization of the statistics).
+
+``packed`` of ``dequantize_4bit`` / ``dequantize_4bit_out`` / ``linear`` is in either layout (:mod:`fastnf4.layouts`):
+flat uint8 bytes in bitsandbytes' order, or the 3-D uint8 ``[N/16, K/64, 512]`` of the fastnf4 layout (the
+dimensions say which; the statistics are in bitsandbytes' layout in both). The kernels that read the bnb order get a
+3-D packed converted by :func:`bnb_order` first.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Optional
 import torch
 
 from . import _triton
+from . import layouts
 from .codebooks import BLOCKSIZES, QUANT_TYPES
 from .format import FLOAT_DTYPES
 from .ops.dequantize import naive as dq_naive
@@ -65,6 +71,8 @@ def check_dequantize_args(
     _require(numel >= 0, ValueError, f"numel must be >= 0, got {numel}")
     _require(packed.dtype == torch.uint8, TypeError, f"packed must be uint8, got {packed.dtype}")
     _require(packed.is_contiguous(), ValueError, "packed must be contiguous")
+    if packed.dim() == 3:  # the fastnf4 layout
+        layouts.check_packed3d_numel(packed, numel)
     _require(
         packed.numel() == (numel + 1) // 2, ValueError,
         f"packed has {packed.numel()} bytes but {numel} elements need {(numel + 1) // 2} (shape/packed size mismatch)",
@@ -102,7 +110,15 @@ def check_dequantize_args(
             _require(t.is_contiguous(), ValueError, f"{what} must be contiguous")
 
 
+def bnb_order(packed: torch.Tensor) -> torch.Tensor:
+    """``packed`` in bitsandbytes' byte order, for the kernels that read only that order: a 3-D (fastnf4-layout)
+    tensor is converted into a temporary copy on its device (``layouts.to_bnb_order``), a bnb one returned as it is.
+    The one place the ops convert; kernels that read the fastnf4 layout are dispatched before it."""
+    return layouts.to_bnb_order(packed) if packed.dim() == 3 else packed
+
+
 def _dequantize_into(out, packed, absmax, code, blocksize, numel, nested_code, nested_absmax, offset, nested_blocksize):
+    packed = bnb_order(packed)
     if _triton.use_triton(packed.device):
         from .ops.dequantize import kernel
 
@@ -261,6 +277,8 @@ def check_linear_args(x, packed, absmax, code, blocksize, n, k, nested_code, nes
     _require(x.dim() >= 1 and x.shape[-1] == k, ValueError,
              f"x has {x.shape[-1] if x.dim() else 0} features in its last dimension but the weight has K={k}")
     _same_device("x", x, packed.device)
+    if packed.dim() == 3:  # the fastnf4 layout: its tiles must be those of [n, k]
+        layouts.check_packed3d(packed, (n, k))
     check_dequantize_args(packed, absmax, code, blocksize, n * k, x.dtype, nested_code, nested_absmax, offset,
                           nested_blocksize)
     if bias is not None:
@@ -294,15 +312,17 @@ def _linear_checked(x: torch.Tensor, *args) -> torch.Tensor:
         y = torch.zeros(x2d.shape[0], n, dtype=x.dtype, device=x.device)
         if bias is not None:
             y += bias
-    elif _triton.use_triton(x.device):
-        from .ops.matmul import dispatch
-
-        with on_device(x2d):
-            y = dispatch.linear_triton(x2d, *args, manual_bf16=_triton.interpreter_enabled())
     else:
-        from .ops.matmul import naive as mm_naive
+        args = (bnb_order(packed), *args[1:])  # (the kernels below read the bnb order)
+        if _triton.use_triton(x.device):
+            from .ops.matmul import dispatch
 
-        y = mm_naive.linear(x2d, *args)
+            with on_device(x2d):
+                y = dispatch.linear_triton(x2d, *args, manual_bf16=_triton.interpreter_enabled())
+        else:
+            from .ops.matmul import naive as mm_naive
+
+            y = mm_naive.linear(x2d, *args)
     return y.view(*x.shape[:-1], n)
 
 
@@ -326,9 +346,10 @@ def linear(x: torch.Tensor, *args) -> torch.Tensor:
     """``fastnf4::linear``; in plain eager calls the implementation is run directly.
 
     Going through the custom op costs ~50 us of host time per call (measured on the H200 host: 71 us vs
-    22 us for the kernel launcher alone, benchmarks/probe_host.py), which is most of an eager decode step's
+    22 us for the kernel launcher alone; commit 40dd49d), which is most of an eager decode step's
     linear cost, and with autograd its Python wrappers cost more (a forward + backward of a small weight: 1071 us of
-    host time against bitsandbytes' 563, benchmarks/probe_train_host.py). The op itself is what torch.compile, fake
+    host time against bitsandbytes' 563; commit 9ea3751, results in
+    68e580c:benchmarks/results/h200-probe-train-host-before.json). The op itself is what torch.compile, fake
     tensors and dispatch modes (profilers, FlopCounter) must see, so the shortcuts are taken only for a plain tensor
     outside all of those: the implementation itself, or, where a gradient is wanted, ``_LinearFunction`` (the op's
     own backward formula in a plain ``autograd.Function``).

@@ -1,4 +1,5 @@
-"""The public Python API: ``quantize`` and ``dequantize`` over :class:`~fastnf4.format.NF4Weight`."""
+"""The public Python API: ``quantize``, ``dequantize``, ``linear`` and ``repack`` over
+:class:`~fastnf4.format.NF4Weight`."""
 from __future__ import annotations
 
 import torch
@@ -6,6 +7,7 @@ import torch
 from . import _ops
 from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, code_4bit, dynamic_map, kernel_code
 from .format import FLOAT_DTYPES, NF4Weight, _short, int_field
+from .layouts import LAYOUTS, repack  # noqa: F401  (public: fastnf4.LAYOUTS, fastnf4.repack)
 from .ops.matmul import eager as _eager
 
 
@@ -57,16 +59,17 @@ def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor
     bitsandbytes' CUDA ``dequantize_4bit``. With ``out``, writes there (its dtype is the output dtype) and
     returns it viewed with ``q.shape``. Runs on ``q``'s device and the current stream, no host sync. Double-quant
     statistics in float16/bfloat16 (bitsandbytes' nested_dtype) give what bitsandbytes' ``F.dequantize_4bit`` gives
-    (see :class:`~fastnf4.format.NF4Weight`)."""
+    (see :class:`~fastnf4.format.NF4Weight`). Every layout (``q.layout``) gives the same values."""
     if not isinstance(q, NF4Weight):
         raise TypeError(f"dequantize takes an NF4Weight, got {type(q).__name__}")
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
     code = kernel_code(q.quant_type, q.device)
-    args = (q.packed_u8, q.absmax, code, q.blocksize, q.numel)
+    packed = q.op_packed
+    args = (packed, q.absmax, code, q.blocksize, q.numel)
     nested = (q.nested_code, q.nested_absmax, q.offset, q.nested_blocksize)
     # plain eager calls run the op's body (the op's dispatch costs ~100 us of host time; the op has no autograd)
-    direct = _ops.plain_eager(q.packed_u8) and not (torch.is_grad_enabled() and q.absmax.requires_grad)
+    direct = _ops.plain_eager(packed) and not (torch.is_grad_enabled() and q.absmax.requires_grad)
     if out is None:
         fn = _ops.dequantize_4bit_impl if direct else _ops.dequantize_4bit
         return fn(*args, dtype or q.dtype, *nested).view(q.shape)
@@ -89,9 +92,10 @@ def dequantize(q: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor
 
 
 def linear_args(q: NF4Weight, bias: torch.Tensor | None = None) -> tuple:
-    """The arguments after ``x`` of ``fastnf4::linear`` (and of the matmul kernels behind it) for a 2-D ``q``."""
+    """The arguments after ``x`` of ``fastnf4::linear`` (and of the matmul kernels behind it) for a 2-D ``q``; the packed
+    tensor in ``q``'s layout (``NF4Weight.op_packed``: 3-D for the fastnf4 layout)."""
     n, k = q.shape
-    return (q.packed_u8, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k, q.nested_code,
+    return (q.op_packed, q.absmax, kernel_code(q.quant_type, q.device), q.blocksize, n, k, q.nested_code,
             q.nested_absmax, q.offset, q.nested_blocksize, bias)
 
 
@@ -100,7 +104,8 @@ def linear(x: torch.Tensor, q: NF4Weight, bias: torch.Tensor | None = None) -> t
     leading shape, fp16/bf16 (fp32 works). Fused kernels read the packed weight directly (GEMV for a few
     rows, tensor-core GEMM up to a few hundred, dequantize + cuBLAS beyond: ``ops/matmul/dispatch.py``). The weight is
     the one :func:`dequantize` gives, also for float16/bfloat16 double-quant statistics (bitsandbytes' ``gemm_4bit`` op
-    decodes those in float32 instead: see :class:`~fastnf4.format.NF4Weight`)."""
+    decodes those in float32 instead: see :class:`~fastnf4.format.NF4Weight`). Every layout (``q.layout``) gives the
+    same result."""
     if not isinstance(q, NF4Weight):
         raise TypeError(f"linear takes an NF4Weight, got {type(q).__name__}")
     if len(q.shape) != 2:

@@ -1,6 +1,6 @@
-"""``NF4Weight``: one 4-bit quantized weight in the exact layout bitsandbytes uses.
+"""``NF4Weight``: one 4-bit quantized weight, bit-compatible with bitsandbytes.
 
-Layout (bitsandbytes ``quantize_4bit``, the format of every bnb-4bit checkpoint):
+Layout (bitsandbytes ``quantize_4bit``, the format of every bnb-4bit checkpoint; layout ``"bnb"``):
 
 * the weight of ``shape`` is flattened row-major to ``numel`` elements;
 * byte ``i`` of ``packed`` holds element ``2i`` in its high nibble and ``2i + 1`` in its low nibble
@@ -12,6 +12,10 @@ Layout (bitsandbytes ``quantize_4bit``, the format of every bnb-4bit checkpoint)
   With ``nested_dtype`` T = float16/bfloat16 (bitsandbytes' ``state2.dtype``), bitsandbytes' ``dequantize_4bit``
   rounds each step to T: ``p = T(nested_code[q] * nested_absmax[j // nb])``, ``s = T(float(p) + float(T(offset)))``,
   ``absmax_f32 = float(s)`` (see :class:`NestedStats`).
+
+fastnf4's own weights may hold the same packed bytes in a second order, layout ``"fastnf4"`` (the tensor-core
+kernels' fragment order: :mod:`fastnf4.layouts`), in a 3-D uint8 ``packed`` ``[N/16, K/64, 512]``; the statistics
+stay as above. ``NF4Weight.layout`` says which; ``to_bnb``, ``state_dict`` and every saver write the bnb order.
 
 Checkpoint keys (what transformers writes for a bnb-4bit ``Linear4bit``; ``prefix`` is the module path):
 ``weight``, ``weight.absmax``, ``weight.quant_map``, ``weight.nested_absmax``, ``weight.nested_quant_map``
@@ -29,6 +33,7 @@ from typing import Any, Mapping
 import torch
 
 from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, is_standard_code, kernel_code
+from . import layouts as _layouts
 from ._plans import forget as _forget_launches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -130,9 +135,14 @@ class NF4Weight:
     ``MatMul4Bit`` backward does); bitsandbytes' own ``gemm_4bit`` op (``matmul_4bit`` without gradients) instead
     decodes the statistics in float32 whatever nested_dtype says, so for such a weight its forward differs slightly.
     float32 statistics keep the nested form, where both ways agree.
+
+    ``layout`` (one of ``fastnf4.LAYOUTS``) is the order of the packed bytes, read from ``packed``'s shape: ``"bnb"``
+    (``[ceil(numel/2), 1]``, bitsandbytes' order) or ``"fastnf4"`` (uint8 ``[N/16, K/64, 512]``, see
+    :mod:`fastnf4.layouts`); :func:`fastnf4.repack` converts. The statistics are in bitsandbytes' layout in both.
     """
 
-    packed: torch.Tensor  # uint8 [ceil(numel/2), 1] (or another quant_storage dtype viewing the same bytes)
+    packed: torch.Tensor  # uint8 [ceil(numel/2), 1] (or another quant_storage dtype viewing the same bytes); layout
+    # "fastnf4": uint8 [N/16, K/64, 512]
     absmax: torch.Tensor | None  # float32 [nblocks]; uint8 [nblocks] when nested; None: decoded from nested_stats
     code: torch.Tensor  # float32 [16] ("quant_map")
     blocksize: int
@@ -194,9 +204,30 @@ class NF4Weight:
         return self.packed.device
 
     @property
+    def layout(self) -> str:
+        """The order of the packed bytes: ``"bnb"`` or ``"fastnf4"`` (a 3-D ``packed``; :mod:`fastnf4.layouts`)."""
+        return _layouts.layout_of(self.packed)
+
+    @property
     def packed_u8(self) -> torch.Tensor:
-        """The packed bytes as a flat uint8 tensor (a view, whatever ``quant_storage`` was)."""
+        """The packed bytes as a flat uint8 tensor (a view, whatever ``quant_storage`` was), in the weight's layout:
+        bitsandbytes' byte order only where ``layout == "bnb"`` (:meth:`bnb_packed` gives that order always)."""
         return self.packed.reshape(-1).view(torch.uint8)
+
+    @property
+    def op_packed(self) -> torch.Tensor:
+        """The packed tensor as the ``fastnf4::`` ops take it: the flat uint8 bytes in the bnb layout, the 3-D
+        tensor itself in the fastnf4 layout (the ops read the layout from its dimensions)."""
+        return self.packed if self.packed.dim() == 3 else self.packed_u8
+
+    def bnb_packed(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The packed bytes in bitsandbytes' order: ``packed`` itself in the bnb layout, a new uint8 ``[numel/2, 1]``
+        tensor converted from the fastnf4 layout (on ``device`` when given: the 3-D tensor is moved there first, so a
+        saver can convert on the CPU without a second copy on the GPU)."""
+        if self.packed.dim() != 3:
+            return self.packed
+        packed = self.packed if device is None else self.packed.to(device)
+        return _layouts.to_bnb_order(packed)
 
     def validate(self) -> None:
         """Raise ``ValueError``/``TypeError`` naming the first inconsistency; never returns partial state."""
@@ -220,6 +251,8 @@ class NF4Weight:
             raise TypeError(f"packed has unsupported storage dtype {self.packed.dtype}")
         if not self.packed.is_contiguous():
             raise ValueError("packed must be contiguous")
+        if self.packed.dim() == 3:
+            _layouts.check_packed3d(self.packed, self.shape)
         n_bytes = self.packed.numel() * self.packed.element_size()
         if n_bytes != (self.numel + 1) // 2:
             raise ValueError(
@@ -294,9 +327,10 @@ class NF4Weight:
                       f"dtype={_NAME_BY_DTYPE[self.nested_stats.nested_dtype]}, decoded)")
         elif self.nested:
             nested = f", nested(blocksize={self.nested_blocksize})"
+        layout = "" if self.layout == "bnb" else f", layout={self.layout!r}"
         return (
             f"NF4Weight(shape={tuple(self.shape)}, dtype={self.dtype}, quant_type={self.quant_type!r}, "
-            f"blocksize={self.blocksize}{nested}, device={self.device})"
+            f"blocksize={self.blocksize}{nested}{layout}, device={self.device})"
         )
 
     def _bnb_statistics(self) -> NestedStats | None:
@@ -319,6 +353,7 @@ class NF4Weight:
             raise TypeError(f"from_bnb needs a bitsandbytes QuantState, got {type(qs).__name__} (no {', '.join(missing)})")
         if not isinstance(packed, torch.Tensor):
             raise TypeError(f"packed must be a torch.Tensor, got {type(packed).__name__}")
+        _check_bnb_packed(packed, "from_bnb: packed")
         if getattr(qs, "packing_format_for_cpu", False) is True:
             raise ValueError("the QuantState is in bitsandbytes' CPU inference layout (packing_format_for_cpu: bytes "
                              "reordered, absmax transposed in bf16), which Linear4bit's forward makes on an AVX512-BF16 "
@@ -350,7 +385,8 @@ class NF4Weight:
 
     def to_bnb(self) -> tuple[torch.Tensor, Any]:
         """``(packed, bitsandbytes.functional.QuantState)`` sharing this weight's tensors (a decoded weight: the
-        statistics as read, in their dtypes)."""
+        statistics as read, in their dtypes). The packed bytes are always in bitsandbytes' order: a weight in the
+        fastnf4 layout gives a new uint8 ``[numel/2, 1]`` tensor converted back (:meth:`bnb_packed`)."""
         try:
             from bitsandbytes.functional import QuantState
         except ImportError as e:  # pragma: no cover - depends on the environment
@@ -367,7 +403,7 @@ class NF4Weight:
             blocksize=self.blocksize, quant_type=self.quant_type, dtype=self.dtype,
             offset=None if stats is None else stats.offset, state2=state2,
         )
-        return self.packed, qs
+        return self.bnb_packed(), qs
 
     # ------------------------------------------------------------------------------- state dicts
     def _json_fields(self) -> dict[str, Any]:
@@ -396,13 +432,15 @@ class NF4Weight:
             )
         return fields
 
-    def state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        """Tensors under the key names transformers uses for a bnb-4bit ``Linear4bit`` at ``prefix``."""
+    def state_dict(self, prefix: str = "", packed_device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+        """Tensors under the key names transformers uses for a bnb-4bit ``Linear4bit`` at ``prefix``, always in the
+        bnb layout: the packed bytes of a fastnf4-layout weight are converted back (a new tensor, on
+        ``packed_device`` when given: :meth:`bnb_packed`)."""
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         stats = self._bnb_statistics()
         sd = {
-            f"{prefix}weight": self.packed,
+            f"{prefix}weight": self.bnb_packed(packed_device),
             f"{prefix}weight.absmax": self.absmax if stats is None else stats.absmax,
             f"{prefix}weight.quant_map": self.code,
         }
@@ -468,6 +506,7 @@ class NF4Weight:
             return (t if device is None else t.to(device)).contiguous()
 
         packed = get(key)
+        _check_bnb_packed(packed, key)
         common = dict(packed=packed, code=get(f"{key}.quant_map"), blocksize=fields["blocksize"], shape=_shape(shape),
                       dtype=_dtype_from_name(fields["dtype"], qs_keys[0]), quant_type=quant_type)
         if f"{key}.nested_absmax" not in sd:
@@ -524,6 +563,14 @@ def _offset_number(v: Any) -> float:
     if not math.isfinite(x) or not math.isfinite(torch.tensor(x, dtype=torch.float32).item()):
         raise ValueError(f"nested_offset must be finite (as a float32), got {_short(v)}")
     return x
+
+
+def _check_bnb_packed(packed: torch.Tensor, what: str) -> None:
+    """bitsandbytes' packed tensors are never 3-D (a 3-D one would be read as the fastnf4 layout)."""
+    if packed.dim() == 3:
+        raise ValueError(f"{what} has shape {tuple(packed.shape)}: bitsandbytes' packed weights are [numel/2, 1], "
+                         "and a 3-D one would be read as the fastnf4 layout (checkpoints and QuantStates hold the bnb "
+                         "layout; fastnf4.repack converts an NF4Weight)")
 
 
 def _check_blocksize(value: Any, name: str) -> None:

@@ -2,23 +2,45 @@
 
 ``Linear4bit`` keeps one :class:`~fastnf4.format.NF4Weight` and computes ``fastnf4.linear``. Its state dict
 uses exactly the keys and tensors of bitsandbytes' ``Linear4bit`` (``weight``, ``weight.absmax``, ...,
-``bias``), so a model saved from fastnf4 loads in transformers + bitsandbytes and the reverse.
+``bias``), so a model saved from fastnf4 loads in transformers + bitsandbytes and the reverse; a layer whose weight
+is in the fastnf4 layout (``Linear4bit.repack``, :func:`repack_model`) writes the bnb layout there too.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 from collections import abc
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 
 from .api import linear, quantize
 from .format import FLOAT_DTYPES, MissingKeyError, NF4Weight
+from .layouts import check_layout_name, repack, unfit_reason
 from .ops.matmul.eager import try_linear
 
 
+# Where a state dict converts a fastnf4-layout weight's packed bytes back to the bnb order (None: on the weight's
+# device). The savers set the CPU (``state_dict_packed_on``): a model's state dict holds every layer's converted copy
+# at once, which on the GPU would double the packed bytes there.
+_STATE_DICT_PACKED_DEVICE: contextvars.ContextVar = contextvars.ContextVar("packed_device", default=None)
+
+
+@contextlib.contextmanager
+def state_dict_packed_on(device: torch.device | str | None):
+    """Inside this context, the state dicts of :class:`Linear4bit` layers in the fastnf4 layout hold their packed bytes
+    (converted to the bnb order) on ``device``."""
+    token = _STATE_DICT_PACKED_DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _STATE_DICT_PACKED_DEVICE.reset(token)
+
+
 class Linear4bit(torch.nn.Module):
-    """``y = x @ dequant(W).T + b`` with W stored as NF4 (bitsandbytes layout)."""
+    """``y = x @ dequant(W).T + b`` with W stored as NF4 (bitsandbytes layout, or the fastnf4 layout after
+    :meth:`repack`)."""
 
     def __init__(self, weight: NF4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None):
         super().__init__()
@@ -48,6 +70,19 @@ class Linear4bit(torch.nn.Module):
         return cls(q, bias, compute_dtype)
 
     @property
+    def layout(self) -> str:
+        """The layout of the weight's packed bytes (``weight_nf4.layout``: one of ``fastnf4.LAYOUTS``)."""
+        return self.weight_nf4.layout
+
+    def repack(self, layout: str = "fastnf4") -> "Linear4bit":
+        """Put this layer's weight in ``layout`` (one of ``fastnf4.LAYOUTS``): the weight is replaced, and the old packed
+        tensor is freed unless something else holds it (for one layer, both exist while converting). A ValueError,
+        and nothing changed, for a shape that cannot take the layout (``fastnf4.layouts.unfit_reason``). Returns
+        ``self``."""
+        self.weight_nf4 = repack(self.weight_nf4, layout)
+        return self
+
+    @property
     def weight(self) -> torch.Tensor:
         """The packed NF4 bytes (uint8, read-only), as bitsandbytes' ``Linear4bit.weight`` holds them: code that
         looks up a layer's device through ``.weight`` (PEFT does) finds it here. The weight itself is ``weight_nf4``."""
@@ -73,8 +108,9 @@ class Linear4bit(torch.nn.Module):
 
     def extra_repr(self) -> str:
         q = self.weight_nf4
+        layout = "" if q.layout == "bnb" else f", layout={q.layout}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"quant_type={q.quant_type}, blocksize={q.blocksize}, double_quant={q.nested}")
+                f"quant_type={q.quant_type}, blocksize={q.blocksize}, double_quant={q.nested}{layout}")
 
     def _apply(self, fn, recurse=True):  # moves the NF4 tensors with .to()/.cuda() (dtype casts do not apply)
         super()._apply(fn, recurse)
@@ -84,7 +120,8 @@ class Linear4bit(torch.nn.Module):
         return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
-        destination.update(self.weight_nf4.state_dict(prefix))
+        # always the bnb layout (NF4Weight.state_dict converts a fastnf4-layout weight's packed bytes back)
+        destination.update(self.weight_nf4.state_dict(prefix, _STATE_DICT_PACKED_DEVICE.get()))
         if self.bias is not None:
             destination[f"{prefix}bias"] = self.bias if keep_vars else self.bias.detach()
 
@@ -115,13 +152,15 @@ class Linear4bit(torch.nn.Module):
                               f"{tuple(getattr(bias, 'shape', ()))} from checkpoint, the shape in current model is "
                               f"{(self.out_features,)}.")
             return
-        self.weight_nf4 = q
+        own = set(q.state_dict(prefix)) | ({bias_key} if self.bias is not None else set())
+        # the layer keeps its layout: the checkpoint's bnb bytes are repacked (its shape fits: it is the layer's)
+        self.weight_nf4 = repack(q, self.weight_nf4.layout)
+        del q
         if self.bias is not None:
             if bias is not None:
                 self.bias.data = bias.to(device=self.bias.device, dtype=self.bias.dtype)
             else:
                 missing_keys.append(bias_key)
-        own = set(q.state_dict(prefix)) | ({bias_key} if self.bias is not None else set())
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in own)
 
 
@@ -206,3 +245,36 @@ def quantize_model(model: torch.nn.Module, skip: Iterable[str] = DEFAULT_SKIP, b
         setattr(module, child_name, new)
         del child
     return model
+
+
+class RepackCounts(NamedTuple):
+    """What :func:`repack_model` did: layers converted, layers already in the layout, and the names of the layers
+    left as they were because their shape cannot take it."""
+
+    repacked: int
+    unchanged: int
+    skipped: tuple[str, ...]
+
+
+def repack_model(model: torch.nn.Module, layout: str = "fastnf4") -> RepackCounts:
+    """Put the weight of every :class:`Linear4bit` of ``model`` in ``layout`` (one of ``fastnf4.LAYOUTS``), in place,
+    one layer at a time (``Linear4bit.repack``: each layer's old packed tensor is freed before the next is converted,
+    so the peak is one layer's packed bytes beside the model). A layer whose shape cannot take the layout (the fastnf4
+    layout needs N % 16 == 0 and K % 64 == 0) is left as it is and counted in ``skipped``; that never fails. The
+    bitsandbytes patch's layers (bitsandbytes' own ``Linear4bit``) are not fastnf4 layers and are never touched.
+    Returns the counts."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"repack_model takes a torch.nn.Module, got {type(model).__name__}")
+    check_layout_name(layout)
+    repacked, unchanged, skipped = 0, 0, []
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear4bit):
+            continue
+        if module.weight_nf4.layout == layout:
+            unchanged += 1
+        elif unfit_reason(module.weight_nf4.shape, layout) is not None:
+            skipped.append(name)
+        else:
+            module.repack(layout)
+            repacked += 1
+    return RepackCounts(repacked, unchanged, tuple(skipped))

@@ -5,7 +5,8 @@
   :class:`fastnf4.nn.Linear4bit` where the checkpoint holds 4-bit weights.
 * :func:`load_and_quantize` reads a bf16/fp16 checkpoint and quantizes each linear weight as it arrives, on the
   target device, so the whole unquantized model is never in GPU memory.
-* :func:`save_quantized` writes what transformers + bitsandbytes load unchanged (same keys, same JSON).
+* :func:`save_quantized` writes what transformers + bitsandbytes load unchanged (same keys, same JSON), in
+  bitsandbytes' layout also for layers repacked into the fastnf4 layout (:func:`fastnf4.repack_model`).
 
 The model skeleton is built with parameters on the meta device (``accelerate.init_empty_weights``) and filled
 tensor by tensor from the safetensors files. Checkpoints are read with safetensors only.
@@ -36,7 +37,7 @@ from safetensors.torch import save_file
 
 from ..api import quantize
 from ..format import FLOAT_DTYPES, NF4Weight
-from ..nn import DEFAULT_SKIP, Linear4bit, _matches, _tied_linears, check_compute_dtype, check_skip
+from ..nn import DEFAULT_SKIP, Linear4bit, _matches, _tied_linears, check_compute_dtype, check_skip, state_dict_packed_on
 
 _QS_KEY = re.compile(r"^(.*)\.weight\.quant_state\.bitsandbytes__(nf4|fp4)$")
 _INDEX = "model.safetensors.index.json"
@@ -488,7 +489,11 @@ def save_quantized(model: torch.nn.Module, path: str, max_shard_bytes: int | Non
     os.makedirs(path, exist_ok=True)
     seen: dict[tuple, str] = {}
     out: dict[str, torch.Tensor] = {}
-    for key, t in model.state_dict().items():
+    # layers in the fastnf4 layout give their packed bytes back in the bnb order, converted on the CPU (where they
+    # are copied anyway): on the GPU the whole state dict's converted copies would double the packed bytes there
+    with state_dict_packed_on("cpu"):
+        state = model.state_dict()
+    for key, t in state.items():
         ident = (t.device, t.data_ptr(), t.dtype, tuple(t.shape)) if t.numel() else None
         if ident is not None and ident in seen:  # tied weights are stored once, as transformers does
             continue
