@@ -6,7 +6,7 @@ import pickle
 import torch
 
 import fastnf4
-from fastnf4.ops.matmul import dispatch, eager
+from fastnf4.ops.matmul import dispatch, eager, gemv_mma
 
 
 def _q():
@@ -35,4 +35,7 @@ def test_cpu_and_large_m_calls_take_the_full_path():
     x = torch.randn(3, 128)
     assert eager.try_linear(x, q, None) is None
     assert q not in eager._PLANS
-    assert eager.MAX_M == dispatch.MMA_MAX_M
+    # above eager.MAX_M no call takes gemv_mma.cu (the key keeps only the wgmma bucket of M there)
+    shapes = [(n, k) for n in (1024, 8192, 57344) for k in (4096, 8192, 28672)]
+    assert not any(dispatch.mma_wanted(m, n, k) or gemv_mma.pair_wanted(m, n, k, 64)
+                   or gemv_mma.burst_wanted(m, n, k, 64) for m in (eager.MAX_M + 1, 64, 512) for n, k in shapes)

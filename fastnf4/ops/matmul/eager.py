@@ -2,9 +2,9 @@
 
 An eager decode step is bound by host time: transformers' Python runs ahead of a GPU that finishes each
 7-linear layer in well under a millisecond. The full path of one call (argument checks of the op contract, the
-dispatch over M, the kernel plan, the launch arguments) cost ~70 us of host time on the H200's host
-(benchmarks/probe_host.py), against ~15 us for bf16 ``F.linear``. None of that depends on x beyond its
-dtype, M and device, so it is done once per weight and (dtype, M, device, bias) and kept beside the
+dispatch over M, the kernel plan, the launch arguments) cost ~60-70 us of host time on the H200's host against
+~15 us for bf16 ``F.linear`` (commit aa93226: 58.8 -> 17.7 us at M = 1 with a prepared launch). None of that
+depends on x beyond its dtype, M and device, so it is done once per weight and (dtype, M, device, bias) and kept beside the
 :class:`~fastnf4.format.NF4Weight` as a prepared launch (``gemv_mma.Prepared``, ``DequantMatmul``); later
 calls check only x and launch.
 
@@ -21,12 +21,11 @@ import torch
 
 from ... import _ops
 from ..._plans import PLANS as _PLANS, forget  # noqa: F401  (forget: re-exported for callers of eager.forget)
-from . import wgmma  # (no Triton import)
+from . import dispatch, gemv_mma, wgmma  # (no Triton import)
+from .dispatch import MAX_M  # above it the path depends only on the wgmma bucket of M: one entry per bucket
 from .wgmma import Prepared as WgmmaPrepared
 
 _MAX_PLANS = 64  # per weight: bounds odd uses (many dtypes / devices)
-MAX_M = 32  # dispatch.MMA_MAX_M (not imported here: that would import Triton with fastnf4); a test ties the two.
-# Above it the path depends only on the wgmma bucket of M (dispatch.wgmma_wanted), so one entry serves each bucket.
 
 
 def _addresses(q) -> tuple:
@@ -36,7 +35,7 @@ def _addresses(q) -> tuple:
 
 
 def m_key(m: int) -> int:
-    """The part of a plan's key that M decides: M itself up to 32, then its wgmma bucket (M <= 64 / 128 / 256 / 352 /
+    """The part of a plan's key that M decides: M itself up to MAX_M (32), then its wgmma bucket (M <= 64 / 128 / 256 / 352 /
     384 / 512, the dispatcher's thresholds: ``dispatch.wgmma_wanted``), then 0 for every larger M."""
     if m <= MAX_M:
         return m
@@ -59,6 +58,8 @@ def try_linear(x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor | 
     n, k = shape
     if x.shape[-1] != k or k == 0 or n == 0:
         return None
+    if q.packed.dim() == 3:
+        return None  # (the tiled layout [N/16, K/64, 512]: the full path converts it)
     if x.data_ptr() % 16:
         return None
     m = x.numel() // k
@@ -95,8 +96,6 @@ def prepare(x2d: torch.Tensor, args: tuple):
     does, and return a ``gemv_mma.Prepared`` (M <= 32), a ``wgmma.Prepared`` (M > 2) or a ``DequantMatmul``
     (any M) or ``None`` (any other path).
     Shared by ``try_linear`` and the bitsandbytes patch."""
-    from . import dispatch, gemv_mma
-
     _ops.check_linear_args(x2d, *args)
     packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, _ = args
     with _ops.on_device(x2d):  # the kernels' libraries and plans are asked for on the weight's GPU

@@ -2,6 +2,9 @@
 
 ``supports`` says whether a call can take this kernel; ``launch`` runs it on the current stream (no host
 synchronisation; capturable in a CUDA graph once the library is loaded and the split-K counters exist).
+
+The builds are named (``BUILDS``); their numbers exist only for gemv_mma.cu's ``pick`` (``BUILD_IDS``). The sizes
+that choose among them are data: ``tuning/h200.json``.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import os
 import torch
 
 from ... import _cuda, _triton, codebooks
+from .tuning import DEFAULT as _TUNING
 
 SOURCE = os.path.join(os.path.dirname(__file__), "gemv_mma.cu")
 MAX_M = 32
@@ -47,18 +51,18 @@ class _Lib:
         lib.fastnf4_gemv_mma_warps.restype = ctypes.c_int
         lib.fastnf4_gemv_mma_rows.argtypes = [ctypes.c_int]
         lib.fastnf4_gemv_mma_rows.restype = ctypes.c_int
-        self.warps = {v: lib.fastnf4_gemv_mma_warps(v) for v in VARIANTS}  # per block
-        self.rows = {v: lib.fastnf4_gemv_mma_rows(v) for v in VARIANTS}  # weight rows per work item
+        self.warps = {v: lib.fastnf4_gemv_mma_warps(i) for v, i in BUILD_IDS.items()}  # per block
+        self.rows = {v: lib.fastnf4_gemv_mma_rows(i) for v, i in BUILD_IDS.items()}  # weight rows per work item
         if lib.fastnf4_gemv_mma_params_size() != ctypes.sizeof(Params):
             raise RuntimeError("gemv_mma.cu Params layout differs from the ctypes mirror")
         # Ask every kernel's occupancy now: it loads the module, so later launches (maybe inside a CUDA-graph
         # capture) never trigger lazy loading.
-        self.occupancy = {(d, v, nested): lib.fastnf4_gemv_mma_occupancy(d, v, nested)
-                          for d in (0, 1) for v in VARIANTS for nested in (0, 1)}
+        self.occupancy = {(d, v, nested): lib.fastnf4_gemv_mma_occupancy(d, i, nested)
+                          for d in (0, 1) for v, i in BUILD_IDS.items() for nested in (0, 1)}
         lib.fastnf4_gemv_mma_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.fastnf4_gemv_mma_clusters.restype = ctypes.c_int
         # clusters of the decode kernels' block-local build resident at once (for local_plan), asked now
-        self.clusters = {(d, v, nested, c): lib.fastnf4_gemv_mma_clusters(d, v, nested, c)
+        self.clusters = {(d, v, nested, c): lib.fastnf4_gemv_mma_clusters(d, BUILD_IDS[v], nested, c)
                          for d in (0, 1) for v in DECODES for nested in (0, 1) for c in CLUSTER_SIZES}
 
 
@@ -99,7 +103,7 @@ def supports(x2d: torch.Tensor, packed: torch.Tensor, blocksize: int, n: int, k:
 
 
 def pair_resident(x2d: torch.Tensor, nested: bool) -> bool:
-    """Whether a pair-column decode kernel fits on this GPU (else ``Prepared`` falls back to ``variant(m)``, so the
+    """Whether a pair-column decode kernel fits on this GPU (else ``Prepared`` falls back to ``build(m)``, so the
     dispatcher keeps its other rules)."""
     lib = _lib_for(_index(x2d.device))
     dt = _DTYPES[x2d.dtype]
@@ -110,133 +114,110 @@ def _resident(x2d: torch.Tensor, m: int, nested: bool) -> bool:
     # built here, and the kernel for this M fits on this GPU (the kernels ask for 150-200 KiB of shared memory
     # per block: Hopper and A100 class; smaller parts take the Triton paths)
     lib = _lib_for(_index(x2d.device))
-    return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], variant(m), int(nested))] > 0
+    return lib is not None and lib.occupancy[(_DTYPES[x2d.dtype], build(m), int(nested))] > 0
 
 
-VARIANTS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
-SMALL = 4  # the small-weight decode kernel (CUDA cores, one warp per row; gemv_small in gemv_mma.cu)
-SPLIT = 6  # the M <= 2 small-weight kernel (CUDA cores, rows split over warp pairs; gemv_split in gemv_mma.cu)
-DECODE_WIDE = 5  # the decode kernel with 20 warps x 4 ring stages per block instead of 16 x 6
-# the decode kernels (16 / 20 warps) with pair columns: M <= 4 where blocksize >= 64 and K % 64 == 0 (gemv_mma.cu kPair;
-# x in registers; a block-local work item's partial sums take two holes)
-PAIR, PAIR_WIDE = 7, 8
+# The kernel builds of gemv_mma.cu, by name; the number is its ``pick`` case (the ctypes boundary only).
+# | name               | kernel                                                                  | M      |
+# | decode             | tensor-core decode, 16 warps x 6 ring stages per block                  | <= 2   |
+# | decode_wide        | the same with 20 warps x 4 stages                                       | <= 2   |
+# | decode_pair(_wide) | the decode kernels with pair columns (x in registers; kPair)            | 3-4    |
+# | decode_burst       | small persistent blocks, one tile over all of K, loads into registers   | <= 2   |
+# | split              | CUDA-core small-weight kernel, rows split over warp pairs (gemv_split)  | <= 2   |
+# | small              | CUDA-core small-weight kernel, one warp per row (gemv_small; forced only)| <= 2   |
+# | gemm_m8/16/32      | tensor-core GEMM of 8 / 16 / 32 x rows per block                        | 3-32   |
+BUILD_IDS = {"decode": 0, "gemm_m8": 1, "gemm_m16": 2, "gemm_m32": 3, "small": 4, "decode_wide": 5, "split": 6,
+             "decode_pair": 7, "decode_pair_wide": 8, "decode_burst": 9}
+BUILDS = tuple(BUILD_IDS)
+DECODE, SMALL, DECODE_WIDE, SPLIT = "decode", "small", "decode_wide", "split"
+PAIR, PAIR_WIDE, BURST = "decode_pair", "decode_pair_wide", "decode_burst"
+DECODES = (DECODE, DECODE_WIDE, PAIR, PAIR_WIDE)
 PAIR_ITEM_HOLES = 2  # holes a block-local work item's partial sums take in the pair builds (gemv_mma.cu slot_at)
-BURST = 9  # the burst decode kernel (M <= 2; small persistent blocks, loads into registers: gemv_burst in gemv_mma.cu)
-DECODES = (0, DECODE_WIDE, PAIR, PAIR_WIDE)
-# M <= 2 weights of at most WIDE_MAX_ELEMS elements take DECODE_WIDE (20 warps x 4 stages against 16 x 6): on the H200
-# it is faster on every weight of <= 84M elements at M = 1 (Qwen o 15.0 vs 18.6 us, Llama qkv 22.3 vs 23.9, Gemma o
-# equal; also at 1455 MHz: Qwen q 16.7 vs 20.5) and at M = 2 (Qwen q 13.7 vs 15.0, Llama qkv 21.6 vs 21.8), and mixed
-# above (Llama gate_up 100.4 vs 96.7, Qwen gate+up 37.5 vs 35.2; commit 5b2d3af). Above it, ``wide_above_max`` decides.
-WIDE_MAX_ELEMS = 96 * 2**20
-SMALL_X_BYTES = 32 * 1024  # its x staging: M * K * 2 bytes must fit (small::kXBytes)
-# At M = 2 the split kernel's M = 2 build (both x rows per lookup) takes weights of at most this many elements (N * K):
-# H200, Llama k+v 7.0 us and Qwen k+v 5.5 against 10.9 / 8.1 on the one-warp-per-row small-weight kernel
-# (results/h200-probe-decode-split-m2.txt); Gemma k+v (11M) stays on the 20-warp decode kernel (7.4 against 8.6 split),
-# as do Gemma q / o (9.1 / 11.4 against 14.5 / 15.3).
-SMALL_MAX_ELEMS = 9 * 2**20
-# At M = 1 the split kernel (2 warps x 2 rows x 4 chunks per row and round; x staged the same way) takes the weights of
-# at most this many elements: H200, the k/v projections (<= 11M elements) 4.9-6.9 us against 6.3-52.5 on the decode
-# kernels; above 16M the decode kernels win (Gemma o, 22M: 10.1-10.2 us on 16 warps, 10.7 on 20, 11.4 split; Gemma q 8.4
-# on 16 warps against 11.2 split; results/h200-probe-decode-small-m1.txt, commit ed3b0b1).
-SPLIT_MAX_ELEMS = 16 * 2**20
+SMALL_X_BYTES = 32 * 1024  # the small-weight kernels' x staging: M * K * 2 bytes must fit (small::kXBytes)
+# Note: sizes (N * K elements) by build, fitted on the H200; each entry's why and results are in tuning/h200.json.
+# M <= 2: ``split`` at M = 1 up to SPLIT_MAX_ELEMS and M = 2 up to SMALL_MAX_ELEMS, ``decode_wide`` up to
+# WIDE_MAX_ELEMS (above: ``wide_above_max``), ``decode_burst`` from BURST_MIN_ELEMS to BURST_MAX_ELEMS where
+# N >= BURST_MIN_N; M 3-4: the pair builds from PAIR_MIN_ELEMS, 16 or 20 warps by cost (PAIR_WIDE_FACTOR).
+SPLIT_MAX_ELEMS = _TUNING["split_max_elems"]
+SMALL_MAX_ELEMS = _TUNING["small_max_elems"]
+WIDE_MAX_ELEMS = _TUNING["wide_max_elems"]
+PAIR_MIN_ELEMS = _TUNING["pair_min_elems"]
+PAIR_WIDE_FACTOR = _TUNING["pair_wide_factor"]
+BURST_MIN_ELEMS = _TUNING["burst"]["min_elems"]
+BURST_MAX_ELEMS = _TUNING["burst"]["max_elems"]
+BURST_MIN_N = _TUNING["burst"]["min_n"]
 
 
-def variant(m: int) -> int:
-    """Kernel variant for M rows: 0 the decode kernel (M <= 2), 1 / 2 / 3 the GEMM kernel (M <= 8 / 16 / 32);
-    see ``pick`` in gemv_mma.cu. ``choose`` may take the small-weight kernel instead."""
-    return 0 if m <= 2 else 1 if m <= 8 else 2 if m <= 16 else 3
+def build(m: int) -> str:
+    """The build for M rows by M alone: ``decode`` (M <= 2), else the GEMM of the smallest x tile covering M;
+    ``choose`` and ``Prepared`` refine it by size."""
+    return DECODE if m <= 2 else "gemm_m8" if m <= 8 else "gemm_m16" if m <= 16 else "gemm_m32"
+
+
+variant = build  # (the name tests and tools use)
 
 
 def small_fits(m: int, k: int, elem_bytes: int) -> bool:
     return m <= 2 and m * k * elem_bytes <= SMALL_X_BYTES
 
 
-def choose(m: int, n: int, k: int, elem_bytes: int) -> int:
-    """The variant a call takes by its size: the split small-weight kernel for small weights at M = 1 and the
-    smallest at M = 2, the 20-warp decode kernel for mid-size weights at M <= 2, else ``variant(m)`` (``Prepared`` may
-    still move a large weight at M <= 2 to the 20-warp kernel: ``wide_above_max``, and picks 16 or 20 warps by
-    ``decode_cost`` where ``picks_by_cost``). The one-warp-per-row
-    small-weight kernel (SMALL) is no longer chosen by size (session 24); it stays for forced calls."""
+def choose(m: int, n: int, k: int, elem_bytes: int) -> str:
+    """The build a call takes by its size: ``split`` for small weights at M = 1 and the smallest at M = 2,
+    ``decode_wide`` for mid-size weights at M <= 2, else ``build(m)`` (``Prepared`` may still move a large weight at
+    M <= 2 to ``decode_wide``: ``wide_above_max``, and picks 16 or 20 warps by ``decode_cost`` where
+    ``picks_by_cost``). ``small`` is never chosen by size (``split`` beats it); it stays for forced calls."""
     if m == 1 and n * k <= SPLIT_MAX_ELEMS and small_fits(m, k, elem_bytes):
         return SPLIT
     if m == 2 and n * k <= SMALL_MAX_ELEMS and small_fits(m, k, elem_bytes):
         return SPLIT
     if m <= 2 and n * k <= WIDE_MAX_ELEMS:
         return DECODE_WIDE
-    return variant(m)
+    return build(m)
 
 
-# M 3-4: the pair-column decode kernels (gemv_mma.cu kPair) on weights of at least PAIR_MIN_ELEMS elements, where a
-# 64-code chunk pair lies in one quantization block (blocksize >= 64, K % 64 == 0). H200, interleaved graph timing, us
-# at M = 3 / 4, against the wgmma kernel's 8-row x tiles (results/h200-probe-pair-cols-local.json): faster on all 20
-# model weights at M = 3 (1.01-1.53x: Llama gate_up 102.2 vs 129.6, Gemma k+v 7.6 vs 11.6, Gemma o 13.0 vs 13.1) and on
-# 19 at M = 4 (1.02-1.50x; Gemma o 13.6 vs 13.1). Below the k+v projections' 5M elements: not measured, so the other
-# paths.
-PAIR_MIN_ELEMS = 4 * 2**20
-# 16 or 20 warps: the cheaper by ``decode_cost`` (pair = True), the 20-warp build's cost scaled by PAIR_WIDE_FACTOR
-# unless its plan settles globally (``settles_globally``). In those runs the unscaled model picked the slower build on 9
-# of 20 weights (up to 11%: Qwen q 15.3 vs 13.8 us at M = 3); the 20-warp build with a block-local plan ran faster than
-# its cost said wherever the two costs were within ~8%, but where both builds settle globally (Gemma o and down: 336
-# row tiles, no block-local plan) the 16-warp one was faster (12.8 / 13.2 vs 13.0 / 13.6 us, 31.7 / 33.7 vs 32.1 /
-# 34.3 at M = 3 / 4). So the pick is within 3% of the faster build on all 40 (weight, M) (Llama gate_up 102.2 vs
-# 99.3), 0.3% on average. The k+v projections' 20-warp plans (unsplit: 1300 against 80) stay far off.
-PAIR_WIDE_FACTOR = 0.92
-
-
-def pick_pair_build(cost16: float, cost20: float, global20: bool) -> int:
-    """PAIR or PAIR_WIDE from the two builds' ``decode_cost`` and whether the 20-warp plan settles globally."""
+def pick_pair_build(cost16: float, cost20: float, global20: bool) -> str:
+    """PAIR or PAIR_WIDE from the two builds' ``decode_cost`` and whether the 20-warp plan settles globally: the
+    20-warp cost is scaled by PAIR_WIDE_FACTOR unless it settles globally (there the 16-warp build was faster: Gemma
+    o 12.8 vs 13.0 us at M = 3; results/h200-probe-pair-cols-local.json)."""
     return PAIR_WIDE if cost20 * (1.0 if global20 else PAIR_WIDE_FACTOR) <= cost16 else PAIR
 
 
 def pair_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
-    """Whether a call at M 3-4 takes the pair-column decode kernel (see PAIR_MIN_ELEMS)."""
+    """Whether a call at M 3-4 takes a pair-column decode build: a 64-code chunk pair must lie in one quantization
+    block (blocksize >= 64, K % 64 == 0), and N * K >= PAIR_MIN_ELEMS."""
     return 3 <= m <= 4 and blocksize >= 64 and k % 64 == 0 and n * k >= PAIR_MIN_ELEMS
-
-
-# M <= 2: the burst decode kernel (gemv_mma.cu, namespace burst) on weights of BURST_MIN_ELEMS to BURST_MAX_ELEMS
-# elements with N >= BURST_MIN_N, where its layout holds (K % 256 == 0, blocksize >= 64, M K <= 16384). H200,
-# interleaved graph timing against fastnf4.linear (results/h200-probe-burst-m1.json / -m2.json), us at M = 1 / 2, burst
-# vs the decode kernels: Gemma q (4096 x 5376) 8.3 vs 8.9 / 8.7 vs 9.1, Gemma o (5376 x 4096) 8.3 vs 10.3 / 8.8 vs 10.6,
-# Gemma k+v (2048 x 5376) 6.7 vs 7.2 / 7.0 vs 7.2. Slower on the N = 1024 k+v projections at M = 1 (Llama 7.6 vs 6.3,
-# Qwen 5.9 vs 5.3) and from 42M elements up (Qwen q 13.0 vs 11.8, Gemma qkv 14.0 vs 12.4): one tile per block over all
-# of K has no split-K to balance the last wave.
-BURST_MIN_ELEMS = 8 * 2**20
-BURST_MAX_ELEMS = 24 * 2**20
-BURST_MIN_N = 2048
 
 
 def words_fit(absmax: torch.Tensor) -> bool:
     """Whether the burst kernel's reads of whole aligned 4-byte statistics words stay inside ``absmax``: the array
-    starts and ends on 4-byte boundaries. (compute-sanitizer reported the last word of an odd count of 8-bit codes,
-    17 x 256 / 128, as a read past the allocation: benchmarks/sanitize.py, session 37.)"""
+    starts and ends on 4-byte boundaries (compute-sanitizer reports the last word of an odd count of 8-bit codes,
+    17 x 256 / 128, as a read past the allocation: tools/sanitize.py)."""
     start = absmax.data_ptr()
     return start % 4 == 0 and (start + absmax.numel() * absmax.element_size()) % 4 == 0
 
 
 def burst_wanted(m: int, n: int, k: int, blocksize: int) -> bool:
-    """Whether a call at M <= 2 takes the burst decode kernel (see BURST_MIN_ELEMS)."""
+    """Whether a call at M <= 2 takes ``decode_burst``: its layout (K % 256 == 0, blocksize >= 64, M K <= 16384)
+    and BURST_MIN_ELEMS <= N * K <= BURST_MAX_ELEMS, N >= BURST_MIN_N (one tile per block over all of K: no split-K
+    to balance the last wave of larger weights)."""
     return (m <= 2 and blocksize >= 64 and k % 256 == 0 and m * k <= 16384 and n >= BURST_MIN_N and
             BURST_MIN_ELEMS <= n * k <= BURST_MAX_ELEMS)
 
 
 def picks_by_cost(m: int, n: int, k: int) -> bool:
-    """Whether ``Prepared`` lets ``decode_cost`` pick between the 16- and 20-warp decode kernels for this call: at
-    M = 1 everywhere (session 21), and since session 26 at M = 2 on the weights ``choose`` gives the 20-warp kernel by
-    size (<= WIDE_MAX_ELEMS). H200, probe_decode.py 0 w n at FASTNF4_PROBE_M=2, sets mid and small, two
-    rounds equal within 0.2 us (results/h200-probe-decode-m2-wn.txt), us 20 / 16 warps: Gemma q 9.3 / 8.9, o 11.1 /
-    10.5, qkv 13.1 / 12.6, k+v 7.5 / 7.0 (16 picked), Qwen o 13.7 / 15.6 (20 picked), Llama q+o 17.3 / 17.4 and Qwen q
-    12.0 / 12.0 (ties; 16 picked); the larger weights keep ``wide_above_max`` at M = 2."""
+    """Whether ``Prepared`` lets ``decode_cost`` pick between ``decode`` and ``decode_wide``: at M = 1 everywhere, at
+    M = 2 on the weights ``choose`` gives ``decode_wide`` by size (<= WIDE_MAX_ELEMS); the cost model names the
+    faster build there within 0.5 us (Gemma k+v 7.0 vs 7.5 us on 16 warps, Qwen o 13.7 vs 15.6 on 20;
+    results/h200-probe-decode-m2-wn.txt). Larger weights at M = 2 keep ``wide_above_max``."""
     return m == 1 or (m == 2 and n * k <= WIDE_MAX_ELEMS)
 
 
 def wide_above_max(m: int, n: int, k: int, blocks: int, block_warps: int) -> bool:
-    """Whether a weight of more than WIDE_MAX_ELEMS elements at M <= 2 takes the 20-warp decode kernel: where the
-    16-warp kernel's plan (``blocks`` resident blocks of ``block_warps`` warps) has no block-local split-K, so pays
-    the global settle or runs unsplit. H200 (probe_decode.py 0 w, FASTNF4_PROBE_SET=big, two rounds, session 19), us
-    at M = 1 (M = 2) 16 -> 20 warps: Qwen down 32.7 -> 31.7 (33.5 -> 32.5), Qwen gate+up 35.2 -> 33.4 (36.4 -> 34.5),
-    Llama gate+up 52.6 -> 51.1 (54.8 -> 53.7), Gemma gate_up 52.7 -> 50.6 (54.1 -> 53.7), but Gemma gate+up 30.1 ->
-    30.6 (30.6 -> 31.5) and Gemma down 28.7 -> 29.3 (29.6 -> 30.3); where the 16-warp plan is block-local, 16 warps
-    stayed ahead (Llama gate_up 89.9 vs 92.8, Qwen gate_up 54.0 vs 55.6, Llama down 47.7 vs 47.9)."""
+    """Whether a weight of more than WIDE_MAX_ELEMS elements at M <= 2 takes ``decode_wide``: where the 16-warp
+    plan (``blocks`` resident blocks of ``block_warps`` warps) has no block-local split-K, so pays the global settle
+    or runs unsplit. H200, us at M = 1, 16 -> 20 warps: Qwen gate+up 35.2 -> 33.4, Llama gate+up 52.6 -> 51.1 (Gemma
+    gate+up 30.1 -> 30.6 the exception); where the 16-warp plan is block-local 16 warps stayed ahead (Llama gate_up
+    89.9 vs 92.8; commit 5b2d3af)."""
     if m > 2 or n * k <= WIDE_MAX_ELEMS:
         return False
     s, per = plan(m, n, k, blocks * block_warps, split_cost=DECODE_SPLIT_COST)
@@ -258,13 +239,10 @@ def global_split_holes(m: int, n: int, k: int, warps: int, block_warps: int, s: 
     return h if h <= LOCAL_HOLES else 0
 
 
-# At M = 1 the two decode kernels are picked by ``decode_cost`` (at M = 2: ``picks_by_cost``): their plan's slices per
-# warp (rounds x (slices per split + ITEM_COST)) times the block's warps, i.e. slices per SM at a rate the two kernels
-# share, x GLOBAL_SETTLE_COST where the plan has global split-K partials. H200, 15 weights, two rounds (commit 1ea5ac3):
-# the cost ratio names the faster kernel on 13 (the misses: Qwen q 11.8 vs 12.2 us, Llama down 47.4 vs 47.5); the settle
-# factor fits Qwen gate+up (global 16-warp 30.8 vs block-local 20-warp 28.4 us), Gemma gate+up (26.0 vs 27.2) and Gemma
-# gate_up (45.9 vs 44.7).
-GLOBAL_SETTLE_COST = 1.17
+# Note: at M = 1 (at M = 2: ``picks_by_cost``) ``decode`` and ``decode_wide`` are picked by ``decode_cost``: their
+# plan's rounds x (slices per split + ITEM_COST) times the block's warps (slices per SM at a rate both share), times
+# GLOBAL_SETTLE_COST where the plan settles split-K partials globally (fit: tuning/h200.json, commit 1ea5ac3).
+GLOBAL_SETTLE_COST = _TUNING["global_settle_cost"]
 
 
 def decode_cost(m: int, n: int, k: int, blocks: int, block_warps: int, clusters: dict[int, int] | None = None,
@@ -297,14 +275,11 @@ def _decode_plan(m: int, n: int, k: int, blocks: int, block_warps: int, clusters
     return rounds * (per + ITEM_COST) * block_warps * (GLOBAL_SETTLE_COST if s > 1 else 1.0) * gain, s > 1
 
 
-# What one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST by default; the
-# decode kernel (M <= 2) pays more per split (float32 partial sums, the settle, a statistics phase per work item). H200,
-# every split count 1-16 on 12 weights of 21-242 MB (commit f5796dc): with 0.03 the plan takes the fastest split or one
-# within 3% on all 12; with 0.01 it takes 7 splits for Llama gate+up (28672 x 8192: 59.5 us against 52.5 without
-# split-K). At M = 2 (13 weights) 0.03 picks a faster plan than 0.01 on four and the same on nine (Llama gate+up 1 split
-# against 7: 55.1 vs 61.4 us).
-SPLIT_COST = 0.01
-DECODE_SPLIT_COST = 0.03
+# Note: what one more split-K part costs in ``plan``'s score (a share of the workers' balance): SPLIT_COST, and more
+# for the decode kernels (float32 partials, the settle, a statistics phase per item): DECODE_SPLIT_COST
+# (tuning/h200.json, commit f5796dc).
+SPLIT_COST = _TUNING["split_cost"]
+DECODE_SPLIT_COST = _TUNING["decode_split_cost"]
 
 
 @functools.lru_cache(maxsize=4096)  # pure; called once per launch
@@ -358,7 +333,7 @@ ITEM_COST = 1
 # x too large to stage whole (the down projections) can still be staged by the blocks of a split-major cluster plan
 # (each block holds whole splits, so needs only their part of K: gemv_mma.cu Params.lsplit); ``local_plan`` counts such
 # a plan at STAGED_X_GAIN of its cost (staged x measured 4-14% faster at M = 1: commit c82a480).
-STAGED_X_GAIN = 0.9
+STAGED_X_GAIN = _TUNING["staged_x_gain"]
 
 
 def split_stage_m(m: int, k: int) -> int:
@@ -432,11 +407,11 @@ class Prepared:
     once, so that a call only fills in x, y and the split-K workspace and launches (~10 us of host time instead
     of ~25 us for working it all out again; ``ops/matmul/eager.py`` keeps these per weight)."""
 
-    __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "nested", "grid", "splits", "params", "device", "pdl",
-                 "local")
+    __slots__ = ("lib", "index", "m", "n", "dtype", "dt", "v", "vid", "nested", "grid", "splits", "params", "device",
+                 "pdl", "local")
 
     def __init__(self, x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset,
-                 nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: int | None = None,
+                 nested_blocksize, bias, splits: tuple[int, int] | None = None, kernel: str | int | None = None,
                  local: bool | None = None, local_cluster: int | None = None, local_split: bool = False,
                  stage_x: bool = True):
         index = _index(x2d.device)
@@ -444,20 +419,22 @@ class Prepared:
         m = x2d.shape[0]
         nested = nested_code is not None
         dt = _DTYPES[x2d.dtype]
+        if isinstance(kernel, int):
+            kernel = BUILDS[kernel]  # (a build number, as gemv_mma.cu's ``pick`` counts them)
         v = choose(m, n, k, x2d.element_size()) if kernel is None else kernel
-        if (kernel is None and v == 0 and local is not False and lib.occupancy[(dt, 0, int(nested))] > 0 and
-                wide_above_max(m, n, k, lib.sms * lib.occupancy[(dt, 0, int(nested))], lib.warps[0])):
+        if (kernel is None and v == DECODE and local is not False and lib.occupancy[(dt, DECODE, int(nested))] > 0
+                and wide_above_max(m, n, k, lib.sms * lib.occupancy[(dt, DECODE, int(nested))], lib.warps[DECODE])):
             v = DECODE_WIDE
         occ20 = lib.occupancy[(dt, DECODE_WIDE, int(nested))]
-        if kernel is None and picks_by_cost(m, n, k) and v in (0, DECODE_WIDE) and local is not False:
-            occ16 = lib.occupancy[(dt, 0, int(nested))]
+        if kernel is None and picks_by_cost(m, n, k) and v in (DECODE, DECODE_WIDE) and local is not False:
+            occ16 = lib.occupancy[(dt, DECODE, int(nested))]
             if occ16 > 0 and occ20 > 0:  # the cheaper of the two by ``decode_cost``
                 costs = {w: decode_cost(m, n, k, lib.sms * o, lib.warps[w],
                                         {c: lib.clusters.get((dt, w, int(nested), c), 0) for c in LOCAL_CLUSTERS})
-                         for w, o in ((0, occ16), (DECODE_WIDE, occ20))}
-                v = 0 if costs[0] <= costs[DECODE_WIDE] else DECODE_WIDE
+                         for w, o in ((DECODE, occ16), (DECODE_WIDE, occ20))}
+                v = DECODE if costs[DECODE] <= costs[DECODE_WIDE] else DECODE_WIDE
         if kernel is None and v == DECODE_WIDE and lib.occupancy[(dt, v, int(nested))] <= 0:
-            v = variant(m)  # (a GPU where the 20-warp block does not fit)
+            v = build(m)  # (a GPU where the 20-warp block does not fit)
         if kernel is None and pair_wanted(m, n, k, blocksize):
             v = _pick_pair(lib, m, n, k, dt, nested)
         if (kernel is None and local is None and splits is None and local_cluster is None and words_fit(absmax)
@@ -488,7 +465,7 @@ class Prepared:
         pair = v in (PAIR, PAIR_WIDE)
         if pair and (m > 4 or blocksize < 64 or k % 64):
             raise ValueError("gemv_mma: the pair-column decode kernel takes M <= 4, blocksize >= 64, K % 64 == 0")
-        decode = (m <= 2 and v in (0, DECODE_WIDE)) or pair
+        decode = (m <= 2 and v in (DECODE, DECODE_WIDE)) or pair
         cost = DECODE_SPLIT_COST if decode else SPLIT_COST
         # staged x: the plans leave its holes free in every build; only builds that have it are told to use it (the
         # pair-column builds: none); stage_x=False (forced plans) keeps x in registers
@@ -547,13 +524,14 @@ class Prepared:
             raise ValueError(f"gemv_mma: split-K of {s} is not possible here")
         items = -(-n // rows) * s
         self.lib, self.index, self.m, self.n, self.dtype, self.dt, self.v = lib, index, m, n, x2d.dtype, dt, v
+        self.vid = BUILD_IDS[v]  # gemv_mma.cu's number of the build
         self.nested, self.splits, self.device = int(nested), s, x2d.device
         # PDL for these kernels is opt-in (FASTNF4_PDL_MMA=1): back to back it saves ~0.7-1.5 us per call, but a
-        # graph-captured Qwen3-32B decode step at batch 1 measured 1.5-2% slower with it (NOTES.md, "PDL for the CUDA
-        # matmul kernels")
+        # graph-captured Qwen3-32B decode step at batch 1 measured 1.5-2% slower with it (NOTES.md, commit
+        # f4b57ff)
         self.pdl = int(os.environ.get("FASTNF4_PDL_MMA", "0") == "1" and _triton.pdl(x2d.device, triton_kernel=False))
         # the split small-weight kernel launches every row block at once (a persistent grid of it measured up to 2 us
-        # slower on Gemma q, 512 row blocks on 396 slots: 22a8dd2:NOTES.md, "Session 14")
+        # slower on Gemma q, 512 row blocks on 396 slots; 22a8dd2:NOTES.md)
         if tpb:  # whole clusters (lc = 1: blocks), no more than are resident nor than the tiles need
             self.grid = min(local_groups(sms * occ, lc, clusters), -(-tiles // tpb)) * lc
         elif v == BURST:  # persistent blocks, one tile each at a time
@@ -584,7 +562,7 @@ class Prepared:
         if self.splits > 1 and not self.local:
             partial = torch.empty(self.splits, m, n, dtype=torch.float32, device=self.device)
             p.partial = partial.data_ptr()
-        rc = self.lib.lib.fastnf4_gemv_mma(ctypes.byref(p), self.dt, self.v, self.nested, self.grid,
+        rc = self.lib.lib.fastnf4_gemv_mma(ctypes.byref(p), self.dt, self.vid, self.nested, self.grid,
                                            torch._C._cuda_getCurrentRawStream(self.index), self.pdl)
         if rc != 0:
             raise RuntimeError(f"gemv_mma launch failed (cudaError {rc})")
@@ -592,11 +570,11 @@ class Prepared:
 
 
 def _pick_pair(lib: _Lib, m: int, n: int, k: int, dt: int, nested: bool) -> int:
-    """The pair-column decode kernel of 16 or 20 warps (the one that fits, else the cheaper by ``decode_cost``), or
-    ``variant(m)`` where neither fits."""
+    """The pair-column decode build of 16 or 20 warps (the one that fits, else the cheaper by ``decode_cost``), or
+    ``build(m)`` where neither fits."""
     occ = {v: lib.occupancy[(dt, v, int(nested))] for v in (PAIR, PAIR_WIDE)}
     if min(occ.values()) <= 0:
-        return PAIR if occ[PAIR] > 0 else PAIR_WIDE if occ[PAIR_WIDE] > 0 else variant(m)
+        return PAIR if occ[PAIR] > 0 else PAIR_WIDE if occ[PAIR_WIDE] > 0 else build(m)
     plans = {v: _decode_plan(m, n, k, lib.sms * o, lib.warps[v],
                              {c: lib.clusters.get((dt, v, int(nested), c), 0) for c in LOCAL_CLUSTERS}, True)
              for v, o in occ.items()}
@@ -605,9 +583,9 @@ def _pick_pair(lib: _Lib, m: int, n: int, k: int, dt: int, nested: bool) -> int:
 
 def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
            y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
-           kernel: int | None = None, local: bool | None = None, local_cluster: int | None = None,
+           kernel: str | int | None = None, local: bool | None = None, local_cluster: int | None = None,
            local_split: bool = False, stage_x: bool = True) -> torch.Tensor:
-    """``splits`` = (S, slices per split) / ``kernel`` / ``local`` / ``local_cluster`` force a plan (tests, probes):
+    """``splits`` = (S, slices per split) / ``kernel`` (a name of ``BUILDS``) / ``local`` / ``local_cluster`` force a plan (tests, probes):
     ``local`` True the block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where
     it cannot), False the global settle, None: ``local_plan`` decides; ``local_cluster`` = C its tiles shared by
     clusters of C blocks (1: none; with ``splits`` and ``local``, or limiting ``local_plan`` to C); ``local_split``

@@ -18,11 +18,14 @@ and adds the bias).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ..dequantize.kernel import _round_to_bf16
+from .dispatch import group_elems  # noqa: F401  (the rule lives with the dispatcher; kernel.group_elems for tools)
 
 
 @triton.jit
@@ -179,14 +182,15 @@ def gemm_kernel(
         tl.store(p_out, _cast_out(acc, p_y.dtype.element_ty, INTERPRET), mask=m_out)
 
 
-def group_elems(k: int, blocksize: int) -> int:
-    """G: the largest power of two up to 64 dividing both K and the blocksize (0 if below 16: unsupported)."""
-    g = 64
-    while g >= 16:
-        if k % g == 0 and blocksize % g == 0:
-            return g
-        g //= 2
-    return 0
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: small grids keep the CPU tests quick but still exercise split-K
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def gemv_plan(m: int, n: int, k: int, blocksize: int, sms: int):
@@ -290,3 +294,23 @@ def launch_gemm(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_
         INT64=(max(n, m) * k >= 2**31), FP32_IEEE=(x2d.dtype.itemsize == 4), INTERPRET=interpret,
         num_warps=warps, num_stages=stages,
     )
+
+
+def linear(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize, bias,
+           path: str, manual_bf16: bool = False) -> torch.Tensor:
+    """[M, N] by the Triton ``path`` "gemv" or "gemm" (``dispatch.linear_triton`` checked that K has a group);
+    ``manual_bf16``: under Triton's CPU interpreter."""
+    m = x2d.shape[0]
+    w = (packed, absmax, code, blocksize, n, k, nested_code, nested_absmax, offset, nested_blocksize)
+    sms = num_sms(x2d.device)
+    if path == "gemv":
+        block_n, ng, split_k = gemv_plan(m, n, k, blocksize, sms)
+        y = torch.empty(split_k, m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
+            torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+        launch_gemv(x2d, *w, bias if split_k == 1 else None, y, block_n, ng, split_k, interpret=manual_bf16)
+    else:
+        config, split_k = gemm_plan(m, n, k, blocksize, sms)
+        y = torch.empty(split_k, m, n, dtype=torch.float32, device=x2d.device) if split_k > 1 else \
+            torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+        launch_gemm(x2d, *w, bias if split_k == 1 else None, y, config, split_k, interpret=manual_bf16)
+    return add_parts(y, bias, x2d.dtype, interpret=manual_bf16) if split_k > 1 else y

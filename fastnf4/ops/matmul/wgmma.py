@@ -13,22 +13,17 @@ import os
 import torch
 
 from ... import _cuda
+from .tuning import DEFAULT as _TUNING, LOW_BW as _TUNING_LOW_BW
 
 SOURCE = os.path.join(os.path.dirname(__file__), "wgmma.cu")
 STEP = 64          # K per pipeline step (kStep)
 ROWS = 128         # weight rows per block (kBN)
-# The BM 128 build with 192 weight rows per block (three warpgroups; wgmma.cu Rows) on weights of N >= WIDE_MIN_N
-# (and WIDE_LONG_K: ``wide_wanted``).
-# H200, M = 128, both builds in the same interleaved graphs, two rounds (results/h200-probe-wgmma-rows.json): the
-# 192-row build is 6-17% faster on all eight model weights of N >= 10240 (Qwen gate+up 85.3 vs 102.3 us, Llama gate_up
-# 301.2 vs 325.6) and mixed on the narrower ones (Llama down -6%, Qwen q / o +5%: fewer tiles to spread over the SMs); M
-# = 80 and an H100 (results/h100-probe-wgmma-rows.json) alike. On the narrower weights its best forced split is its own
-# plan's or within 1% of it, so the plan is not what loses there; the one it wins is Llama down (8192 x 28672: 135.4 vs
-# 142.1 us; H100 142.2 vs 149.1), whose long K amortises each block's fixed cost over 150 steps: WIDE_LONG_K
-# (results/h200-probe-wgmma-rows-plans.json).
+# Note: the BM 128 build with 192 weight rows per block (three warpgroups; wgmma.cu Rows) takes the weights of
+# N >= WIDE_MIN_N, and of N >= WIDE_LONG_K[0] where K >= WIDE_LONG_K[1] (``wide_wanted``): 6-17% faster there at M =
+# 128 (fewer tiles lose on narrower weights unless a long K amortises each block's fixed cost; tuning/h200.json).
 ROWS_WIDE = 192
-WIDE_MIN_N = 10240
-WIDE_LONG_K = (8192, 16384)  # (smallest N, smallest K): also the weights of N >= 8192 where K >= 16384
+WIDE_MIN_N = _TUNING["wgmma_wide_rows"]["min_n"]
+WIDE_LONG_K = (_TUNING["wgmma_wide_rows"]["long_k_min_n"], _TUNING["wgmma_wide_rows"]["long_k_min_k"])  # (N, K)
 WIDE_BM = 128      # the one BM built with ROWS_WIDE
 # x rows per block of the variants built (wgmma.cu ``pick``). BM 8 (m64n8k16): 1.03-1.06x BM 16 on all 17 model weights
 # of >= 8 MB at M = 4 and 8 (H200, results/h200-probe-wgmma-bm8.json)
@@ -36,9 +31,9 @@ BLOCK_M = (8, 16, 32, 64, 128, 256)
 # (x rows, weight rows) per block of every build in wgmma.cu (``pick``)
 BUILDS = tuple((bm, ROWS) for bm in BLOCK_M) + ((WIDE_BM, ROWS_WIDE),)
 FAST_MAX_BM = 32   # x rows per block up to which the kernel decodes with rounded codes (wgmma.cu kFastMaxBM)
-# the dispatcher's M buckets above BLOCK_M[-1] (dispatch.WGMMA_RULES and WGMMA_LOW_BW_M; a test ties them): its rules
-# change at these M
-WIDE_M_BUCKETS = (352, 384, 512)
+# the dispatcher's M buckets above BLOCK_M[-1], where its wgmma rules change (tuning: wgmma_rules, wgmma_low_bw)
+WIDE_M_BUCKETS = tuple(sorted({top for top, _ in _TUNING["wgmma_rules"] if top > BLOCK_M[-1]}
+                              | {_TUNING_LOW_BW["wgmma_low_bw"]["above_m"], _TUNING_LOW_BW["wgmma_low_bw"]["max_m"]}))
 MAX_M = WIDE_M_BUCKETS[-1]  # the largest M the dispatcher sends here
 # Split-K summed inside the kernel by thread block clusters (wgmma.cu cluster_sum): where every weight row tile is split
 # in 2..CLUSTER_MAX parts (a cluster each, the portable cluster size limit) and all the clusters are resident at once,
@@ -150,9 +145,8 @@ def _split_steps(steps: int, want: int) -> tuple[int, int]:
 def _one_wave(tiles: int, steps: int, slots: int) -> tuple[int, int]:
     """(splits, steps per split): split K when the output tiles alone would leave some of the ``slots`` (resident
     blocks on the whole GPU) idle, into as many splits as fit in one wave, or one more where that overfills the
-    GPU by at most 1/16 of its slots. H200 (benchmarks/probe_wgmma_splits.py, results/h200-probe-wgmma-splits.json):
-    one wave against the earlier ceil(slots / tiles) splits (up to 1.7 waves) was faster on 42 of 47 (weight, M)
-    pairs, by 1.1-1.46x on 36 (e.g. Llama down at M = 128 153 vs 204 us, Qwen q at M = 32 25.2 vs 31.2), within 4% on
+    GPU by at most 1/16 of its slots. H200 (results/h200-probe-wgmma-splits.json): one wave against
+    ceil(slots / tiles) splits (up to 1.7 waves) was faster on 42 of 47 (weight, M) pairs, by 1.1-1.46x on 36 (e.g. Llama down at M = 128 153 vs 204 us, Qwen q at M = 32 25.2 vs 31.2), within 4% on
     Gemma gate+up / qkv, and slower only on Qwen o at M = 16-64 (26.2 vs 24.0 us: 6 splits against 7, whose 280
     blocks overfill the 264 slots by 16, hence the 1/16)."""
     if tiles >= slots:
@@ -167,10 +161,11 @@ def _one_wave(tiles: int, steps: int, slots: int) -> tuple[int, int]:
 # The tail plan's model (one resident block per SM), in units of one K step of a block: each block costs its steps
 # plus BLOCK_COST (prologue, pipeline fill, epilogue), blocks start in launch order on the first free slot, and a
 # split tail adds SUM_COST (the sum kernel's launch) plus its float32 partials written and read at SUM_BYTES_PER_STEP.
-BLOCK_COST = 5
-SUM_COST = 5
-SUM_BYTES_PER_STEP = 2.1e6  # ~3 TB/s over a ~0.7 us step (H200, BM 128: 0.65-0.73 us per step at M = 128)
-TAIL_GAIN = 0.92            # take a tail plan only where the model says it saves at least 8%
+# Fitted on the H200 (tuning/h200.json: wgmma_tail_model).
+BLOCK_COST = _TUNING["wgmma_tail_model"]["block_cost"]
+SUM_COST = _TUNING["wgmma_tail_model"]["sum_cost"]
+SUM_BYTES_PER_STEP = _TUNING["wgmma_tail_model"]["sum_bytes_per_step"]  # ~3 TB/s over a ~0.7 us step (BM 128)
+TAIL_GAIN = _TUNING["wgmma_tail_model"]["tail_gain"]  # take a tail plan only where the model says it saves >= 8%
 
 
 def _makespan(groups: list[tuple[int, int]], slots: int) -> int:
@@ -193,26 +188,16 @@ def _cost(m_tiles: int, n_tiles: int, full: int, splits: int, per: int, steps: i
     return t
 
 
-# Two resident blocks per SM (BM <= 64) with more row tiles than SMs but at most this share of the 2-block slots: the
-# one-wave plan cannot split K (two splits would overfill the wave), so a third of the SMs or more would run one block
-# while the rest run two. Then the first 2 tiles - slots row tiles run whole and the others in 2 parts, exactly one
-# wave. H200, interleaved graph timing (results/h200-probe-small-m-plans.json, -dispatch.json): Qwen gate+up (200 tiles
-# on 264 slots) and Llama gate+up (224) run faster unsplit (57.6 vs 59.2, 91.9 vs 93.9 us at M = 8-16), Gemma gate+up
-# (168) does not, hence the bound between 168 / 264 and 200 / 264. The last quarter of the tiles goes in 3 parts instead
-# of 2 where that fits one wave: Gemma gate+up 126 whole + 42 x 3 = 252 blocks, 40.9 / 42.7 us at M = 16 / 32 against
-# 42.8 / 45.1 for the 2-part tail and 60.0 / 63.2 unsplit (results/h200-probe-small-m-plans-gemma.json; a 3-part tail of
-# exactly 264 blocks took 62.1, not understood).
-TWO_BLOCK_TAIL_MAX_FILL = 0.7
-TWO_BLOCK_TAIL_MAX_BM = 32  # measured at M 8-32 (BM 8 / 16 / 32); BM 64 (M 33-64) keeps the one-wave plan: not measured
-# More row tiles than two-block slots (but fewer than twice as many: the gate_up projections) at BM <= 32: the first
-# ``slots`` tiles whole (one wave) and the rest in 3 parts over K, or in 2 where 3 would take more than two further
-# rounds of the slots. H200, interleaved graph timing, M 8 / 16 / 32, against every tile whole
-# (results/h200-probe-wgmma-wide-tail.json): Llama gate_up (448 tiles) 133.6 / 139.8 / 151.8 us with 184 tiles in 2
-# parts against 144.0 / 150.0 / 162.6, Qwen gate_up (400) 79.0 / 83.0 / 88.9 with 136 in 3 parts against 86.9 / 91.2 /
-# 95.7, Gemma gate_up (336) 66.2 / 69.8 / 73.8 with 72 in 3 parts against 75.6 / 79.5 / 82.9. Their best measured plans
-# were these or within 1%; wgmma's tail model, made for one block per SM, picks 4 / 5 parts for Llama / Qwen, 2-3%
-# slower.
-WIDE_TAIL_PARTS = 3
+# Note: two resident blocks per SM (BM <= TWO_BLOCK_TAIL_MAX_BM) with more row tiles than SMs but at most
+# TWO_BLOCK_TAIL_MAX_FILL of the slots: the one-wave plan cannot split K (two splits overfill the wave), so a third of
+# the SMs or more would run one block while the rest run two. Then whole tiles first and the last ones in 3 (or 2)
+# parts, one wave (Gemma gate+up at M = 16: 40.9 vs 60.0 us unsplit); above that fill unsplit ran faster (Qwen gate+up,
+# 200 tiles on 264 slots). More tiles than slots (the gate_up projections): one wave of whole tiles, the rest in
+# WIDE_TAIL_PARTS parts, or 2 where that would take more than two further rounds (Llama gate_up 133.6 vs 144.0 us at
+# M = 8). Measurements: tuning/h200.json.
+TWO_BLOCK_TAIL_MAX_FILL = _TUNING["wgmma_two_block_tail"]["max_fill"]
+TWO_BLOCK_TAIL_MAX_BM = _TUNING["wgmma_two_block_tail"]["max_bm"]  # BM 64 keeps the one-wave plan: not measured
+WIDE_TAIL_PARTS = _TUNING["wgmma_wide_tail_parts"]
 
 
 @functools.lru_cache(maxsize=4096)  # pure; asked by every call (eager calls: up to ~140 us for the M = 128 tail search)
