@@ -1,23 +1,24 @@
 """Which kernel computes ``x @ dequant(W).T + b``: (M, N, K, blocksize, dtype, GPU) -> a named path and plan.
 
-Pure rules over the tuning tables (``tuning/h200.json``, ``tuning/h100.json``); no Triton import (the Triton
-launches are ``kernel.linear``'s, imported when a Triton path runs). The paths, first match wins:
+Pure rules over the tuning tables (``tuning/h200.json``; GPUs of less bandwidth per SM cycle: ``tuning/h100.json``);
+no Triton import (the Triton launches are ``kernel.linear``'s, imported when a Triton path runs). Paths and plans,
+the first that applies wins (rule names: the tables' entries):
 
-| path (plan names)                 | kernel                                                        | where (rule)                              |
-|-----------------------------------|---------------------------------------------------------------|-------------------------------------------|
-| ``mma`` (``decode_burst``)        | gemv_mma.cu burst decode: small persistent blocks             | M <= 2, 8-24M elements, N >= 2048, K % 256 == 0, blocksize >= 64 (``burst``) |
-| ``mma`` (``decode_pair``, ``decode_pair_wide``) | gemv_mma.cu decode, pair columns, 16 / 20 warps  | M 3-4, >= 4M elements, K % 64 == 0, blocksize >= 64 (``pair_min_elems``) |
-| ``wgmma``                         | wgmma.cu (sm_90a) warpgroup tensor cores                      | M 3-512 by ``wgmma_rules`` (+ ``wgmma_low_bw``) |
-| ``mma`` (``split``)               | gemv_mma.cu CUDA-core split small-weight kernel               | M = 1 <= 16M, M = 2 <= 9M elements (``split_max_elems``, ``small_max_elems``) |
-| ``mma`` (``decode``, ``decode_wide``) | gemv_mma.cu decode, 16 warps x 6 stages / 20 x 4          | M <= 2; 20 warps <= 96M elements (``wide_max_elems``), else by plan |
-| ``mma`` (``gemm_m8/16/32``)       | gemv_mma.cu tensor-core GEMM                                  | M 3-32 by ``mma_rules``                   |
-| ``gemv`` (``triton_gemv``)        | Triton fused GEMV (``kernel.gemv_kernel``)                    | M = 1; M = 2 where N > 4096 (``triton_gemv``) |
-| ``gemm`` (``triton_gemm``)        | Triton fused tensor-core GEMM (``kernel.gemm_kernel``)        | M <= 16, N >= 8192; M <= 32, N >= 28672 (``triton_gemm``) |
-| ``dequant+matmul``                | fastnf4 dequantize + cuBLAS                                   | everything else, and K without a power-of-two group >= 16 shared with the blocksize |
+| path             | plan (kernel)                                         | M     | rule                        |
+|------------------|-------------------------------------------------------|-------|-----------------------------|
+| ``mma``          | ``decode_burst`` (gemv_mma.cu burst decode)           | 1-2   | ``burst``                   |
+| ``mma``          | ``decode_pair`` / ``decode_pair_wide`` (pair columns) | 3-4   | ``pair_min_elems``          |
+| ``wgmma``        | ``wgmma`` (wgmma.cu, sm_90a)                          | 3-512 | ``wgmma_rules``, ``wgmma_low_bw`` |
+| ``mma``          | ``split`` (CUDA-core small weights)  | 1-2   | ``split_max_elems``, ``small_max_elems`` |
+| ``mma``          | ``decode`` / ``decode_wide`` (16 / 20 warps) | 1-2   | ``wide_max_elems``, ``decode_cost`` |
+| ``mma``          | ``gemm_m8`` / ``gemm_m16`` / ``gemm_m32``             | 3-32  | ``mma_rules``               |
+| ``gemv``         | ``triton_gemv`` (``kernel.gemv_kernel``)              | 1-2   | ``triton_gemv``             |
+| ``gemm``         | ``triton_gemm`` (``kernel.gemm_kernel``)              | 3-32  | ``triton_gemm``             |
+| ``dequant+matmul`` | ``dequant_cublas`` (fastnf4 dequantize + cuBLAS)    | any   | everything else             |
 
-The CUDA paths need their library built and the call supported (``gemv_mma.supports``, ``wgmma.supports``); the
-plan names of ``mma`` are ``gemv_mma.BUILDS`` (``gemv_mma.Prepared`` picks among them). ``small`` (one warp per
-row) is built but chosen only when forced.
+The CUDA paths need their library built and the call supported (``gemv_mma.supports``, ``wgmma.supports``);
+``gemv_mma.Prepared`` picks the ``mma`` plan (``gemv_mma.BUILDS``; ``small`` only when forced). The Triton paths
+need a power-of-two group of >= 16 weights shared by K and the blocksize (``group_elems``).
 """
 from __future__ import annotations
 

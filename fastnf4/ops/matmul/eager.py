@@ -4,8 +4,8 @@ An eager decode step is bound by host time: transformers' Python runs ahead of a
 7-linear layer in well under a millisecond. The full path of one call (argument checks of the op contract, the
 dispatch over M, the kernel plan, the launch arguments) cost ~60-70 us of host time on the H200's host against
 ~15 us for bf16 ``F.linear`` (commit aa93226: 58.8 -> 17.7 us at M = 1 with a prepared launch). None of that
-depends on x beyond its dtype, M and device, so it is done once per weight and (dtype, M, device, bias) and kept beside the
-:class:`~fastnf4.format.NF4Weight` as a prepared launch (``gemv_mma.Prepared``, ``DequantMatmul``); later
+depends on x beyond its dtype, M and device, so it is done once per weight and (dtype, M, device, bias) and kept
+beside the :class:`~fastnf4.format.NF4Weight` as a prepared launch (``gemv_mma.Prepared``, ``DequantMatmul``); later
 calls check only x and launch.
 
 Taken only where ``_ops.linear`` would run its implementation directly anyway (a plain CUDA tensor, no
@@ -22,7 +22,7 @@ import torch
 from ... import _ops
 from ..._plans import PLANS as _PLANS, forget  # noqa: F401  (forget: re-exported for callers of eager.forget)
 from . import dispatch, gemv_mma, wgmma  # (no Triton import)
-from .dispatch import MAX_M  # above it the path depends only on the wgmma bucket of M: one entry per bucket
+from .dispatch import MAX_M  # above it only the wgmma bucket of M decides the path: one entry per bucket
 from .wgmma import Prepared as WgmmaPrepared
 
 _MAX_PLANS = 64  # per weight: bounds odd uses (many dtypes / devices)

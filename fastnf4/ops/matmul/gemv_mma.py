@@ -585,7 +585,8 @@ def launch(x2d, packed, absmax, code, blocksize, n, k, nested_code, nested_absma
            y: torch.Tensor | None = None, splits: tuple[int, int] | None = None,
            kernel: str | int | None = None, local: bool | None = None, local_cluster: int | None = None,
            local_split: bool = False, stage_x: bool = True) -> torch.Tensor:
-    """``splits`` = (S, slices per split) / ``kernel`` (a name of ``BUILDS``) / ``local`` / ``local_cluster`` force a plan (tests, probes):
+    """``splits`` = (S, slices per split) / ``kernel`` (a name of ``BUILDS``) / ``local`` / ``local_cluster`` force
+    a plan (tests, tools):
     ``local`` True the block-local split-K of the decode kernel (with ``splits``, else its own plan; ValueError where
     it cannot), False the global settle, None: ``local_plan`` decides; ``local_cluster`` = C its tiles shared by
     clusters of C blocks (1: none; with ``splits`` and ``local``, or limiting ``local_plan`` to C); ``local_split``

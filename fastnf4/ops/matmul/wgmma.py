@@ -146,7 +146,8 @@ def _one_wave(tiles: int, steps: int, slots: int) -> tuple[int, int]:
     """(splits, steps per split): split K when the output tiles alone would leave some of the ``slots`` (resident
     blocks on the whole GPU) idle, into as many splits as fit in one wave, or one more where that overfills the
     GPU by at most 1/16 of its slots. H200 (results/h200-probe-wgmma-splits.json): one wave against
-    ceil(slots / tiles) splits (up to 1.7 waves) was faster on 42 of 47 (weight, M) pairs, by 1.1-1.46x on 36 (e.g. Llama down at M = 128 153 vs 204 us, Qwen q at M = 32 25.2 vs 31.2), within 4% on
+    ceil(slots / tiles) splits (up to 1.7 waves) was faster on 42 of 47 (weight, M) pairs, by 1.1-1.46x on 36
+    (e.g. Llama down at M = 128 153 vs 204 us, Qwen q at M = 32 25.2 vs 31.2), within 4% on
     Gemma gate+up / qkv, and slower only on Qwen o at M = 16-64 (26.2 vs 24.0 us: 6 splits against 7, whose 280
     blocks overfill the 264 slots by 16, hence the 1/16)."""
     if tiles >= slots:
