@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     if env.get("bitsandbytes"):
         # the benchmarks' bitsandbytes columns measure bitsandbytes' own kernels: fastnf4's patch (applied at
-        # bitsandbytes' import where fastnf4 is installed; since session 29 also reached under inference_mode) is
-        # removed first (``bench paper`` patches it back for its "bnb+fastnf4" rows)
+        # bitsandbytes' import where fastnf4 is installed, also under inference_mode) is removed first (``bench
+        # paper`` patches it back for its "bnb+fastnf4" rows)
         from fastnf4.integrations.bitsandbytes import unpatch_bitsandbytes
 
         unpatch_bitsandbytes()

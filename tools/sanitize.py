@@ -130,7 +130,7 @@ def gemv_mma_kernels():
                         if kernel in (gemv_mma.SMALL, gemv_mma.SPLIT, gemv_mma.BURST) and label != "default":
                             continue  # (they take whole rows: no split-K to force)
                         # the decode kernels with x staged in the table and with x in registers
-                        for xs in ((True, False) if m <= 2 and kernel in (0, gemv_mma.DECODE_WIDE) else (True,)):
+                        for xs in ((True, False) if m <= 2 and kernel in (gemv_mma.DECODE, gemv_mma.DECODE_WIDE) else (True,)):
                             run(f"gemv_mma kernel {kernel} {label} xs {int(xs)} M {m} {n}x{k} bs {bs} nested {nested} "
                                 f"{dtype}", lambda y: gemv_mma.launch(x, *linear_args(q, b), y=y, kernel=kernel,
                                                                       stage_x=xs, **kw),
@@ -185,10 +185,10 @@ def race_cases():
     q = weight(n, k, 64, True)
     slices = k // 128
     forms = [(1, {}), (1, {"kernel": gemv_mma.DECODE_WIDE}), (1, {"kernel": gemv_mma.SPLIT}),
-             (1, {"kernel": gemv_mma.BURST}), (1, {"kernel": 0, "splits": (2, slices // 2), "local": True}),
-             (1, {"kernel": 0, "splits": (2, slices // 2), "local": False}),
-             (1, {"kernel": 0, "splits": (4, slices // 4), "local": True, "local_cluster": 2}),
-             (1, {"kernel": 0, "splits": (4, slices // 4), "local": True, "local_cluster": 2, "local_split": True}),
+             (1, {"kernel": gemv_mma.BURST}), (1, {"kernel": gemv_mma.DECODE, "splits": (2, slices // 2), "local": True}),
+             (1, {"kernel": gemv_mma.DECODE, "splits": (2, slices // 2), "local": False}),
+             (1, {"kernel": gemv_mma.DECODE, "splits": (4, slices // 4), "local": True, "local_cluster": 2}),
+             (1, {"kernel": gemv_mma.DECODE, "splits": (4, slices // 4), "local": True, "local_cluster": 2, "local_split": True}),
              (4, {"kernel": gemv_mma.PAIR}), (4, {"kernel": gemv_mma.PAIR, "splits": (2, slices // 2), "local": True}),
              (8, {"kernel": gemv_mma.variant(8), "splits": (2, slices // 2)})]
     for m, kw in forms:

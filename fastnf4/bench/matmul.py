@@ -126,7 +126,7 @@ def run(opts) -> dict:
                 "fastnf4_dq_cublas": lambda i: x @ fastnf4.dequantize(qs_[i]).T,
                 "fastnf4": lambda i: fastnf4.linear(x, qs_[i]),
             }
-            if m <= 256 and fastnf4.ops.matmul.kernel.group_elems(k, opts.blocksize):
+            if m <= 256 and fastnf4.ops.matmul.dispatch.group_elems(k, opts.blocksize):
                 # the fused tensor-core GEMM on its own, whatever the dispatcher picks (for the thresholds)
                 provs["fastnf4_gemm"] = lambda i: _forced(x, qs_[i], "gemm")
             if F is not None:

@@ -54,7 +54,7 @@ def _lora_class():
             init = getattr(config, "init_lora_weights", True)
             if isinstance(init, str) and init.lower() != "gaussian":
                 # PiSSA / OLoRA / orthogonal / LoftQ / CorDA / EVA read the base layer's weight as a dense matrix;
-                # here it is the packed NF4 bytes (they failed with errors naming other things: session 38's audit)
+                # here it is the packed NF4 bytes (without this check they failed with errors naming other things)
                 raise ValueError(f"LoraLinear4bit does not support init_lora_weights={init!r} (only True, False and "
                                  "'gaussian': the others start from the base weight as a dense matrix)")
             super().__init__()

@@ -158,7 +158,7 @@ def test_block_local_split_k_equals_the_global_settle(n, k, nested, dtype):
     slices = -(-k // 128)
     pair = (gemv_mma.PAIR, gemv_mma.PAIR_WIDE) if k % 64 == 0 else ()
     for m in (1, 2, 3, 4):
-        kernels = ((0, gemv_mma.DECODE_WIDE) if m <= 2 else ()) + pair
+        kernels = ((gemv_mma.DECODE, gemv_mma.DECODE_WIDE) if m <= 2 else ()) + pair
         if not kernels:
             continue
         x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -216,7 +216,7 @@ def test_staged_x_gives_the_bits_of_x_in_registers(n, k):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = _model(q, x, None)
         tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
-        for kernel in (0, gemv_mma.DECODE_WIDE):
+        for kernel in (gemv_mma.DECODE, gemv_mma.DECODE_WIDE):
             for splits, local in ((None, None), ((1, slices), None), ((3, -(-slices // 3)), False),
                                   ((3, -(-slices // 3)), True)):
                 if splits and -(-slices // splits[1]) != splits[0]:
@@ -250,7 +250,7 @@ def test_split_major_clusters_stage_their_part_of_x(n, k):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = _model(q, x, None)
         tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
-        for kernel, warps in ((0, 16), (gemv_mma.DECODE_WIDE, 20)):
+        for kernel, warps in ((gemv_mma.DECODE, 16), (gemv_mma.DECODE_WIDE, 20)):
             for lc, s in ((2, 4), (2, 8), (2, 10), (3, 6), (3, 12), (3, 15)):
                 per = -(-slices // s)
                 tpb = lc * warps // s
@@ -267,7 +267,7 @@ def test_split_major_clusters_stage_their_part_of_x(n, k):
                 assert torch.isfinite(y).all() and torch.equal(y, yg), (m, kernel, lc, s)
                 assert ((y.double() - ref).abs() <= tol).all(), (m, kernel, lc, s)
                 tried += staged > 0
-        for kernel in (0, gemv_mma.DECODE_WIDE):  # each decode kernel's own plan (by size these take gemv_split)
+        for kernel in (gemv_mma.DECODE, gemv_mma.DECODE_WIDE):  # each decode kernel's own plan (by size these take gemv_split)
             y = gemv_mma.launch(x, *linear_args(q), y=torch.full((m, n), float("nan"), device="cuda",
                                                                    dtype=torch.bfloat16), kernel=kernel)
             assert ((y.double() - ref).abs() <= tol).all(), (m, kernel)
@@ -289,7 +289,7 @@ def test_split_major_global_plans_stage_their_part_of_x(n, k):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = _model(q, x, None)
         tol = 2.0 ** -7 * ref.abs() + 1e-4 * ref.abs().max()
-        for kernel, warps in ((0, 16), (gemv_mma.DECODE_WIDE, 20)):
+        for kernel, warps in ((gemv_mma.DECODE, 16), (gemv_mma.DECODE_WIDE, 20)):
             for s in (2, 4, 8, 12):
                 per = -(-slices // s)
                 if -(-slices // per) != s:
@@ -314,12 +314,12 @@ def test_block_local_split_k_refuses_what_it_cannot_do():
     for m, splits in ((4, (2, 6)), (1, (24, 1))):
         x = torch.randn(m, 1536, device="cuda", dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="block-local"):
-            gemv_mma.launch(x, *linear_args(q), splits=splits, kernel=gemv_mma.variant(m) if m > 2 else 0,
+            gemv_mma.launch(x, *linear_args(q), splits=splits, kernel=gemv_mma.variant(m) if m > 2 else gemv_mma.DECODE,
                             local=True)
     big = fastnf4.quantize(torch.randn(524288, 256, device="cuda", dtype=torch.bfloat16) * 0.05)
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="block-local"):  # 32768 tiles: > 16 rounds of 8 per block below 256 SMs
-        gemv_mma.launch(x, *linear_args(big), splits=(2, 1), kernel=0, local=True)
+        gemv_mma.launch(x, *linear_args(big), splits=(2, 1), kernel=gemv_mma.DECODE, local=True)
 
 
 def test_forced_kernels_refuse_what_they_do_not_cover():
@@ -327,7 +327,8 @@ def test_forced_kernels_refuse_what_they_do_not_cover():
     take M <= 2, the pair-column ones M <= 4 with blocksize >= 64 and K % 64 == 0, the GEMM kernels M <= 8 / 16 / 32;
     anything else is an error that says so, and y keeps its poison."""
     q = fastnf4.quantize(torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) * 0.05)
-    for m, kernel in ((3, 0), (3, gemv_mma.DECODE_WIDE), (9, 1), (17, 2), (5, gemv_mma.PAIR), (5, gemv_mma.PAIR_WIDE)):
+    for m, kernel in ((3, gemv_mma.DECODE), (3, gemv_mma.DECODE_WIDE), (9, "gemm_m8"), (17, "gemm_m16"),
+                      (5, gemv_mma.PAIR), (5, gemv_mma.PAIR_WIDE)):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         y = torch.full((m, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
         with pytest.raises((RuntimeError, ValueError), match="gemv_mma"):
@@ -360,7 +361,7 @@ def test_unaligned_statistics(nested, shift):
     args[1] = buf[shift // step:]
     assert args[1].data_ptr() % 16 == shift
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    for kernel in (0, gemv_mma.DECODE_WIDE):  # (the decode kernels, named: the dispatcher's pick here is the burst one)
+    for kernel in (gemv_mma.DECODE, gemv_mma.DECODE_WIDE):  # (the decode kernels, named: the dispatcher's pick here is the burst one)
         y = gemv_mma.launch(x, *linear_args(q), kernel=kernel)
         yu = gemv_mma.launch(x, *args, kernel=kernel)
         assert torch.equal(y, yu), kernel
@@ -427,7 +428,7 @@ def test_small_weight_kernel_error_budget(n, k, m, kernel, dtype):
     assert _rel(y, ref) <= 2 * _rel(x @ wd.T, ref)
 
 
-# the burst decode kernel (session 28): K % 256 == 0, blocksize >= 64, M <= 2, M K <= 16384
+# the burst decode kernel: K % 256 == 0, blocksize >= 64, M <= 2, M K <= 16384
 @pytest.mark.parametrize("n, k", [(17, 256), (40, 1280), (1000, 4096), (3000, 5376), (2048, 8192)])
 @pytest.mark.parametrize("blocksize", [64, 128, 256, 4096])
 @pytest.mark.parametrize("nested", [False, True])
