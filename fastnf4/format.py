@@ -33,7 +33,6 @@ from typing import Any, Mapping
 import torch
 
 from .codebooks import BLOCKSIZES, NESTED_BLOCKSIZE, QUANT_TYPES, is_standard_code, kernel_code
-from . import layouts as _layouts
 from ._plans import forget as _forget_launches
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -206,7 +205,7 @@ class NF4Weight:
     @property
     def layout(self) -> str:
         """The order of the packed bytes: ``"bnb"`` or ``"fastnf4"`` (a 3-D ``packed``; :mod:`fastnf4.layouts`)."""
-        return _layouts.layout_of(self.packed)
+        return "fastnf4" if self.packed.dim() == 3 else "bnb"  # (layouts.layout_of, without importing it here)
 
     @property
     def packed_u8(self) -> torch.Tensor:
@@ -226,8 +225,9 @@ class NF4Weight:
         saver can convert on the CPU without a second copy on the GPU)."""
         if self.packed.dim() != 3:
             return self.packed
-        packed = self.packed if device is None else self.packed.to(device)
-        return _layouts.to_bnb_order(packed)
+        from .layouts import to_bnb_order  # (imported where used: format imports only _plans and codebooks)
+
+        return to_bnb_order(self.packed if device is None else self.packed.to(device))
 
     def validate(self) -> None:
         """Raise ``ValueError``/``TypeError`` naming the first inconsistency; never returns partial state."""
@@ -252,7 +252,9 @@ class NF4Weight:
         if not self.packed.is_contiguous():
             raise ValueError("packed must be contiguous")
         if self.packed.dim() == 3:
-            _layouts.check_packed3d(self.packed, self.shape)
+            from .layouts import check_packed3d
+
+            check_packed3d(self.packed, self.shape)
         n_bytes = self.packed.numel() * self.packed.element_size()
         if n_bytes != (self.numel + 1) // 2:
             raise ValueError(
