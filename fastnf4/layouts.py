@@ -8,9 +8,12 @@
 * ``"fastnf4"``: the same bytes (no nibble moves inside a byte) permuted into a uint8 tensor of shape
   ``[N/16, K/64, 512]``, the order the tensor-core kernels read. Tile ``(i, j)`` covers rows ``16i .. 16i+15`` and
   elements ``64j .. 64j+63`` (bnb byte columns ``32j .. 32j+31``). Inside a tile, lane ``l = 4g + t`` (``g = l // 4``
-  in 0..7, ``t = l % 4``) owns the 16 contiguous bytes at ``16l``; its byte ``4s + e`` (``s`` = 0..3 the 16-wide k
-  step, ``e`` = 0..3) is the bnb byte of row ``16i + g + 8*(e % 2)``, byte column ``32j + 8s + t + 4*(e // 2)``. That
-  is the A-operand fragment order of ``mma.m16n8k16``: one 16-byte load gives a lane its fragments of four k steps.
+  in 0..7, ``t = l % 4``) owns the 16 contiguous bytes at ``16l``; its byte ``4s + e`` (``s`` = 0..3 the k step of
+  the mma, ``e`` = 0..3) is the bnb byte of row ``16i + g + 8*(e % 2)``, byte column ``32j + 8t + 2s + e // 2``. Lane
+  ``t`` thus holds elements ``64j + 16t .. 64j + 16t + 15`` of rows ``g`` and ``g + 8``: the A-operand fragments of
+  ``mma.m16n8k16`` for four k steps, with the k order inside the tile permuted (step ``s``'s columns ``2t, 2t+1`` /
+  ``2t+8, 2t+9`` are elements ``16t + 4s + 0, 1`` / ``+ 2, 3``) so that the same permutation of x is lane ``t``'s
+  16 contiguous elements of each x row: one 16-byte load of weights and two of x per lane and tile.
   Only 2-D weights with ``N % 16 == 0`` and ``K % 64 == 0`` can take it.
 
 The statistics (``absmax``, the nested ones) stay in bitsandbytes' layout in both. The layout is self-describing:
@@ -93,9 +96,9 @@ def from_bnb_order(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """bitsandbytes' packed bytes of an ``[n, k]`` weight (``n*k/2`` bytes, any shape and quant_storage dtype,
     contiguous) -> a new uint8 ``[n/16, k/64, 512]`` tensor in the fastnf4 layout, on the same device."""
     old = packed.reshape(-1).view(torch.uint8)
-    # dims of old: i (16-row tile), h (row half), g (row in half), j (64-element tile), s (k step), eh (byte column
-    # half), t: row 16i + 8h + g, byte column 32j + 8s + 4eh + t
-    return old.view(n // TILE_N, 2, 8, k // TILE_K, 4, 2, 4).permute(0, 3, 2, 6, 4, 5, 1).contiguous() \
+    # dims of old: i (16-row tile), h (row half), g (row in half), j (64-element tile), t (16-element quarter), s (k
+    # step), eh (byte of the step): row 16i + 8h + g, byte column 32j + 8t + 2s + eh
+    return old.view(n // TILE_N, 2, 8, k // TILE_K, 4, 4, 2).permute(0, 3, 2, 4, 5, 6, 1).contiguous() \
         .view(packed_shape(n, k))
 
 
@@ -104,7 +107,7 @@ def to_bnb_order(packed3d: torch.Tensor) -> torch.Tensor:
     packed bytes, on the same device. The one conversion the ops run before the kernels that read the bnb order
     (``fastnf4/_ops.py``: ``bnb_order``)."""
     nt, kt, _ = packed3d.shape
-    return packed3d.view(nt, kt, 8, 4, 4, 2, 2).permute(0, 6, 2, 1, 4, 5, 3).contiguous() \
+    return packed3d.view(nt, kt, 8, 4, 4, 2, 2).permute(0, 6, 2, 1, 3, 4, 5).contiguous() \
         .view(nt * kt * TILE_BYTES, 1)
 
 

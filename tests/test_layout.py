@@ -58,7 +58,7 @@ def test_permutation_is_the_index_formula(n, k):
                 for s in range(4):
                     for e in range(4):
                         r = 16 * i + g + 8 * (e % 2)
-                        c = 32 * j + 8 * s + t + 4 * (e // 2)
+                        c = 32 * j + 8 * t + 2 * s + e // 2
                         assert new[i][j][16 * lane + 4 * s + e] == old[r * row_bytes + c], (i, j, lane, s, e)
 
 
@@ -71,20 +71,22 @@ def test_conversion_is_lossless_both_ways(n, k):
     assert back.dtype == torch.uint8 and tuple(back.shape) == (n * k // 2, 1)
     assert torch.equal(back.view(-1), old)
     # the brief's torch expression of the inverse, as written in docs/design.md
-    inv = new.view(n // 16, k // 64, 8, 4, 4, 2, 2).permute(0, 6, 2, 1, 4, 5, 3).reshape(-1)
+    inv = new.view(n // 16, k // 64, 8, 4, 4, 2, 2).permute(0, 6, 2, 1, 3, 4, 5).reshape(-1)
     assert torch.equal(inv, old)
 
 
 def test_a_lane_holds_its_mma_fragments():
     """Lane l's 16 bytes are its A-operand fragments of mma.m16n8k16 for the four k steps: registers a0..a3 of step
-    s hold rows g / g+8 at k columns 2t, 2t+1 (bytes t) and 2t+8, 2t+9 (bytes t+4) of that 16-wide step."""
+    s hold rows g / g+8 at the step's columns 2t, 2t+1 and 2t+8, 2t+9, which are elements 16t + 4s + 0, 1 (byte
+    8t + 2s) and 16t + 4s + 2, 3 (byte 8t + 2s + 1): lane t's bytes are elements 16t .. 16t + 15 of both rows."""
     n, k = 16, 64
     old = _random_bytes(n, k).view(n, k // 2)
     tile = layouts.from_bnb_order(old, n, k)[0, 0]
     for lane in range(32):
         g, t = lane // 4, lane % 4
         for s in range(4):
-            want = [old[g, 8 * s + t], old[g + 8, 8 * s + t], old[g, 8 * s + t + 4], old[g + 8, 8 * s + t + 4]]
+            want = [old[g, 8 * t + 2 * s], old[g + 8, 8 * t + 2 * s], old[g, 8 * t + 2 * s + 1],
+                    old[g + 8, 8 * t + 2 * s + 1]]
             assert tile[16 * lane + 4 * s: 16 * lane + 4 * s + 4].tolist() == [int(v) for v in want]
 
 
