@@ -78,7 +78,7 @@ def test_split_k_is_bitwise_repeatable(path, m, n):
     fastnf4.linear caught an fp32 call whose fast and full paths differed)."""
     k = 8192
     q, x, b, ref, yardstick = _case(n, k, 64, True, m, torch.float32 if m == 1 else torch.bfloat16, bias=True)
-    sms = dispatch.num_sms(x.device)
+    sms = kernel.num_sms(x.device)
     split = (kernel.gemv_plan(m, n, k, 64, sms)[2] if path == "gemv" else kernel.gemm_plan(m, n, k, 64, sms)[1])
     assert split > 1
     ys = [dispatch.linear_triton(x, *linear_args(q, b), path=path) for _ in range(20)]
