@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="matmul: restrict to these layers (q+o, k+v, gate+up, down, qkv, gate_up, q, o)")
     bench.add_argument("--blocksize", type=int, default=64)
     bench.add_argument("--m", type=int, nargs="*", default=None, help="matmul: rows of x (default 1..2048)")
+    bench.add_argument("--layouts", nargs="+", default=None, choices=["bnb", "fastnf4"],
+                       help="matmul: weight layouts timed for fastnf4.linear (default: bnb; fastnf4 adds the column "
+                            "fastnf4_layout_us: the same weights repacked, fastnf4.repack)")
     bench.add_argument("--no-e2e", action="store_true", help="paper: kernels only, skip the generate() decomposition")
     bench.add_argument("--e2e-layers", type=int, default=0, help="paper / e2e: cut the model to this many layers (0: all)")
     bench.add_argument("--batches", type=int, nargs="*", default=None, help="e2e: batch sizes (default 1 8 32)")

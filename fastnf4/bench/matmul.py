@@ -1,7 +1,8 @@
 """``fastnf4 bench matmul``: y = x @ W.T at M rows, for every linear shape of the three models.
 
 Providers, in one run: bf16 cuBLAS on the unquantized weight, bitsandbytes ``matmul_4bit`` (double quant),
-fastnf4 dequantize + cuBLAS, fastnf4 ``linear``. ``floor_us`` = NF4 bytes (packed + 8-bit statistics + x + y)
+fastnf4 dequantize + cuBLAS, fastnf4 ``linear`` (and with ``--layouts bnb fastnf4`` on the same weights repacked into
+the fastnf4 layout, ``fastnf4_layout_us``, where the shape can take it). ``floor_us`` = NF4 bytes (packed + 8-bit statistics + x + y)
 over the copy bandwidth. Correctness first, on fresh data (``check_providers``): every provider's output on a
 poisoned allocation, eager and graph-captured (bit for bit the same), relative Frobenius error against a float64
 product with bitsandbytes' dequantized weight; a fastnf4 provider over 2x cuBLAS's error stops the bench. The
@@ -15,6 +16,7 @@ import torch
 
 import fastnf4
 import fastnf4.ops.matmul.dispatch
+from fastnf4 import layouts as fastnf4_layouts
 from fastnf4.bench.common import bnb_functional, clone_weight
 from fastnf4.bench.harness import (capture, copy_bandwidth, format_table, progress, rotation_count, selected_shapes,
                                     time_graphs)
@@ -103,6 +105,10 @@ def run(opts) -> dict:
         reps = rotation_count(nf4_bytes, cap=64)
         ws = [w] + [w.clone() for _ in range(reps - 1)]
         qs_ = [q] + [clone_weight(q) for _ in range(reps - 1)]
+        # the fastnf4 layout (--layouts ... fastnf4): the same weights repacked, where the shape can take it
+        layouts = tuple(getattr(opts, "layouts", None) or ("bnb",))
+        fl = [fastnf4.repack(clone_weight(x), "fastnf4") for x in qs_] \
+            if "fastnf4" in layouts and fastnf4_layouts.unfit_reason((n, k), "fastnf4") is None else None
         bnbs = [(x.packed, x.to_bnb()[1]) for x in qs_] if F is not None else None
         # the previous weight's M = 512-2048 rows leave the SM clock power-capped for ~0.2 s (H200: 1455 instead of 1980
         # MHz right after 3 s of GEMMs): the compute-bound decode kernels measured up to 25% slower in the M = 1 rows
@@ -129,6 +135,8 @@ def run(opts) -> dict:
             if m <= 256 and fastnf4.ops.matmul.dispatch.group_elems(k, opts.blocksize):
                 # the fused tensor-core GEMM on its own, whatever the dispatcher picks (for the thresholds)
                 provs["fastnf4_gemm"] = lambda i: _forced(x, qs_[i], "gemm")
+            if fl is not None:
+                provs["fastnf4_layout"] = lambda i: fastnf4.linear(x, fl[i])
             if F is not None:
                 import bitsandbytes
 
@@ -146,12 +154,15 @@ def run(opts) -> dict:
             row["vs_cublas"] = row["cublas_bf16_us"] / row["fastnf4_us"]
             if F is not None:
                 row["vs_bnb"] = row["bnb_us"] / row["fastnf4_us"]
+            if row.get("fastnf4_layout_us"):
+                row["layout_pct_floor"] = 100 * row["floor_us"] / row["fastnf4_layout_us"]
             rows.append(row)
-        del ws, qs_, bnbs, wd, wd64
+        del ws, qs_, bnbs, wd, wd64, fl
         torch.cuda.empty_cache()
     cols = [("model", "{}"), ("layer", "{}"), ("N", "{}"), ("K", "{}"), ("M", "{}"), ("path", "{}"),
             ("err_ratio", "{:.2f}"), ("floor_us", "{:.1f}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_floor", "{:.0f}"),
             ("cublas_bf16_us", "{:.1f}"), ("bnb_us", "{:.1f}"), ("fastnf4_dq_cublas_us", "{:.1f}"), ("fastnf4_gemm_us", "{:.1f}"),
+            ("fastnf4_layout_us", "{:.1f}"),
             ("vs_cublas", "{:.2f}"), ("vs_bnb", "{:.2f}")]
     table = f"copy bandwidth: {copy['GBps']:.0f} GB/s\n" + format_table(rows, cols)
     return {"copy": copy, "rows": rows, "table": table}
