@@ -112,7 +112,7 @@ def run(opts) -> dict:
         bnbs = [(x.packed, x.to_bnb()[1]) for x in qs_] if F is not None else None
         # the previous weight's M = 512-2048 rows leave the SM clock power-capped for ~0.2 s (H200: 1455 instead of 1980
         # MHz right after 3 s of GEMMs): the compute-bound decode kernels measured up to 25% slower in the M = 1 rows
-        # that followed, memory-bound kernels did not (commit 8122bbe; 22a8dd2:NOTES.md, "Session 13")
+        # that followed, memory-bound kernels did not (commit 8122bbe; 22a8dd2:NOTES.md "step trims")
         torch.cuda.synchronize()
         time.sleep(0.5)
         for m in ms:

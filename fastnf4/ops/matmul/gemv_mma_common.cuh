@@ -120,7 +120,7 @@ __device__ __forceinline__ void sum_tile(const Params& p, long long tile, int la
 // whose arrival completes a tile sums it and resets the counter. Items are first, first + stride, ... <
 // items; item i covers tile (i / S) * mult + add. Settling at the end instead of after every item takes the
 // fence and atomic round trips out of the main loop (H200, M = 1: 9-18% of the kernel time on the large
-// weights; 22a8dd2:NOTES.md, session 5).
+// weights; 22a8dd2:NOTES.md "(M <= 2) overheads").
 template <typename T>
 __device__ __forceinline__ void settle_splits(const Params& p, long long first, long long stride, long long items,
                                               long long mult, long long add, int lane) {
@@ -130,7 +130,7 @@ __device__ __forceinline__ void settle_splits(const Params& p, long long first, 
   // lanes wrote before the barrier; acquire: the arriving lane's, passed to the whole warp by a second warp barrier,
   // as CUTLASS's semaphore does with a block barrier), not a full fence per lane before the arrivals and another
   // before the reads: H200, two rounds, 0.2-0.3 us faster on the weights whose plans settle globally (Gemma down /
-  // gate+up), the others unchanged (22a8dd2:NOTES.md, session 24).
+  // gate+up), the others unchanged (22a8dd2:NOTES.md "an H100 run").
   __syncwarp();  // the partial sums written by the warp's lanes precede every lane's arrival (release, cumulative)
   for (long long base = first; base < items; base += 32 * stride) {
     const long long item = base + lane * stride;
@@ -275,7 +275,7 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 // window from the 16-byte boundary at or below its first block, which the row's two lanes copy between them:
 // - without nesting, 80 bytes of float absmax at byte 80 r (lane 2 r 48 bytes, lane 2 r + 1 32); H200, M = 1,
 //   double quant off: faster or equal on all 15 model weights than eight 4-byte copies of the lane's own words,
-//   e.g. Llama gate_up 80.1 vs 85.8 us, Qwen down 29.8 vs 34.3 (22a8dd2:NOTES.md, session 23);
+//   e.g. Llama gate_up 80.1 vs 85.8 us, Qwen down 29.8 vs 34.3 (22a8dd2:NOTES.md "statistics copies");
 // - nested, 32 bytes of 8-bit codes at byte 48 r (16 bytes per lane); faster or equal on 14 of 15 model weights than
 //   three 4-byte copies of the lane's own words, e.g. Llama gate_up 72.9 vs 75.1 us. The nested absmax
 //   of the lane's first / last pair come by cached loads into two registers (``na_ldg``, staged-x builds), a phase
@@ -283,7 +283,7 @@ __device__ __forceinline__ void stage_stats(const Params& p, float* stats, const
 //   gate_up 45.3 vs 46.6 us), or by copies into words 6 / 7 (word w of lane l at byte 128 w + 4 l;
 //   register-x builds).
 // This takes the global-load latency of ``stage_stats`` (a stall of the warp at every phase: 13-17% of
-// the kernel time on the H200; 22a8dd2:NOTES.md, session 5) off the warp's path.
+// the kernel time on the H200; 22a8dd2:NOTES.md "(M <= 2) overheads") off the warp's path.
 struct PhaseAt {
   long long bf;  // block of the lane's first code
   int r;         // position of that code inside its block (a multiple of 64)
@@ -439,7 +439,7 @@ __device__ __forceinline__ void decode_stats(const Params& p, uint32_t raw_s, ui
       // No zeroing of the pairs past K (pairs >= a.pairs): their weights and x are zero there, so their values (the
       // window's neighbouring codes times this row's nested absmax, finite wherever the row's result is) multiply
       // zero partial sums; rows past N are never written. (H200: 0.05-0.45 us faster at M = 1 on all 15 model
-      // weights than the select per value, M = 2 equal; 22a8dd2:NOTES.md, session 23.)
+      // weights than the select per value, M = 2 equal; 22a8dd2:NOTES.md "statistics copies".)
       const int sw = 256 - nb;  // pairs i >= sw lie in the next nested block
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -495,8 +495,8 @@ __device__ __forceinline__ uint32_t lookup_based(uint32_t lane_base, uint32_t w)
 
 // The 256-entry pair table of the decode and GEMM kernels: entry v = (code[v >> 4], code[v & 15]) in the input dtype,
 // lane l's copy at word 64 v + l (the entries' upper 128 bytes are left alone). Written with 16-byte stores, four
-// lanes' copies at once: H200 (22a8dd2:NOTES.md, session 20), 0.2-0.6 us faster per decode call than one
-// 4-byte store per copy (the build sits between the launch and the first weight copies).
+// lanes' copies at once: H200 (22a8dd2:NOTES.md "bounds the decode kernel"), 0.2-0.6 us faster per decode call than
+// one 4-byte store per copy (the build sits between the launch and the first weight copies).
 template <typename T>
 __device__ __forceinline__ void build_pair_table(uint32_t* table, const float* code, int threads) {
   for (int i = threadIdx.x; i < 256 * 8; i += threads) {

@@ -20,7 +20,7 @@ namespace fastnf4_mma {
 // Pipelined decode kernel for M <= 2 (one column group), organised to issue few instructions per code
 // and to keep many bytes in flight (ncu on a straightforward version, Llama gate_up M = 1: 0.52 instructions
 // issued per scheduler cycle, 7.3 cycles between a warp's instructions, ~8.6 instructions per packed byte, 128
-// registers with spills, 16 warps per SM; 22a8dd2:NOTES.md, session 2):
+// registers with spills, 16 warps per SM; 22a8dd2:NOTES.md "CUDA decode kernel"):
 // - one PRMT + one LDS per packed byte: the table entry v of lane l sits at byte v * 256 + 4 l of a table that
 //   starts at a 64 KiB-aligned shared address, so a single byte permute of (word, table | 4 l) yields the
 //   full address (the upper 128 bytes of every entry are unused);
@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const int below = static_cast<int>(tpad) / kWarpBytes;
   uint32_t* table = reinterpret_cast<uint32_t*>(smem + tpad);
   // The pair table is built while the first weight copies are in flight (after they are issued, before the block
-  // barrier ahead of the first step; H200, 22a8dd2:NOTES.md, session 21), or, when its source is a constant (PDL
-  // launches), before pdl_wait: it then overlaps the previous kernel's drain.
+  // barrier ahead of the first step; H200, 22a8dd2:NOTES.md "x staged once"), or, when its source is a constant
+  // (PDL launches), before pdl_wait: it then overlaps the previous kernel's drain.
   const bool table_first = p.code_const != 0;
   static_assert(C::kThreads >= 256, "one nested code per thread");
   if (table_first && p.code_const) {
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   };
   uint32_t ring_ld = ring_s + (kStages - 1) * 1024;  // shared address of the next stage to fill
   // the weights are read once: their L2 lines are marked evict-first (H200: 2.6-4.7% faster on the five large
-  // weights, two alternating rounds; as for the dequantize kernel's loads; 22a8dd2:NOTES.md, session 7)
+  // weights, two alternating rounds; as for the dequantize kernel's loads; 22a8dd2:NOTES.md "small-weight decode")
   const uint64_t wpolicy = evict_first_policy();
   auto issue = [&]() {
     if (ld.tile < tiles) {
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   ld_rows();
   // nested absmax of the next phase in registers (cached loads; see fetch_stats) where x is staged: the register-x
   // builds keep the copies (with the two registers they lose 0.2-1.3 us at M = 2 on the H200, e.g. 5120 x 25600
-  // 32.9 vs 31.5 us, where the cluster build spills; equal at M = 1; 22a8dd2:NOTES.md, session 23)
+  // 32.9 vs 31.5 us, where the cluster build spills; equal at M = 1; 22a8dd2:NOTES.md "statistics copies")
   constexpr bool kNaRegs = kNested && kXs;
   float2 na_store = make_float2(0.f, 0.f);
   float2* na_reg = kNaRegs ? &na_store : nullptr;
@@ -357,7 +357,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const int c0 = (2 * t) & 3;
   int rel = 0;  // slice index inside the work item
   // kXs: this lane's x registers, zeroed once (a lane without x never loads: its B operand stays zero; zeroing them
-  // every slice is 8 more instructions per slice and 0.1-1.1 us slower at M = 1, H200; 22a8dd2:NOTES.md, session 21)
+  // every slice is 8 more instructions per slice and 0.1-1.1 us slower at M = 1, H200; 22a8dd2:NOTES.md "x staged
+  // once")
   uint4 xs_keep[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) xs_keep[i] = make_uint4(0, 0, 0, 0);
@@ -373,8 +374,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   // ``wnext``
   // staged-x builds keep the lane's table and statistics addresses in registers, made opaque once per slice so that
   // ptxas does not work them out again from the thread index (~18 instructions per slice at 111 of 128 registers
-  // otherwise): H200, 0-0.8 us faster at M = 1 on 11 of 15 weights, none slower by more than 0.1 us (22a8dd2:NOTES.md,
-  // session 21). The register-x builds do without: the 20-warp cluster one would spill.
+  // otherwise): H200, 0-0.8 us faster at M = 1 on 11 of 15 weights, none slower by more than 0.1 us (22a8dd2:NOTES.md
+  // "x staged once"). The register-x builds do without: the 20-warp cluster one would spill.
   uint32_t pin_table = lane_base, pin_stats = static_cast<uint32_t>(__cvta_generic_to_shared(stats + g * kStatStride + c0));
   auto step = [&](const uint4 (&xreg)[CG][4], uint4 (&xnext)[CG][4], const uint4 (&wcur)[2], uint4 (&wnext)[2]) {
     if constexpr (kXs) {
