@@ -69,3 +69,24 @@ def lm_train_losses(model, ids, lr, steps):
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def bench_opts(monkeypatch, tmp_path, name, *args):
+    """The options ``fastnf4 bench NAME ARGS`` hands the benchmark, parsed by the real command line (the benchmark
+    itself, the GPU check and the environment faked: no GPU needed)."""
+    from fastnf4 import cli
+    from fastnf4.bench import harness
+    from fastnf4.bench.registry import BENCHMARKS, load_all
+
+    load_all()
+    seen = {}
+
+    def fake(opts):
+        seen["opts"] = opts
+        return {"rows": [], "table": ""}
+
+    monkeypatch.setitem(BENCHMARKS, name, fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(harness, "environment", lambda: {"gpu": "test gpu", "bitsandbytes": None})
+    assert cli.main(["bench", name, "--json", str(tmp_path / "out.json"), *args]) == 0
+    return seen["opts"]

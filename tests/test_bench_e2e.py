@@ -12,31 +12,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastnf4 import cli
 from fastnf4.bench import e2e
-from fastnf4.bench.registry import BENCHMARKS, load_all
 from fastnf4.study.e2e import kernel_split
+from helpers import bench_opts
 
 
 # ---------------------------------------------------------------------------------------------- options
 
 
 def parsed_opts(monkeypatch, tmp_path, *args) -> argparse.Namespace:
-    """The options ``fastnf4 bench e2e ARGS`` hands the benchmark (the GPU check and the environment faked)."""
-    load_all()
-    seen = {}
-
-    def fake(opts):
-        seen["opts"] = opts
-        return {"rows": [], "table": ""}
-
-    monkeypatch.setitem(BENCHMARKS, "e2e", fake)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    import fastnf4.bench.harness as harness
-
-    monkeypatch.setattr(harness, "environment", lambda: {"gpu": "test gpu", "bitsandbytes": None})
-    assert cli.main(["bench", "e2e", "--json", str(tmp_path / "out.json"), *args]) == 0
-    return seen["opts"]
+    """The options ``fastnf4 bench e2e ARGS`` hands the benchmark (``helpers.bench_opts``)."""
+    return bench_opts(monkeypatch, tmp_path, "e2e", *args)
 
 
 def test_default_plan_is_eager_and_graph_every_variant(monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ import torch
 
 import fastnf4
 from fastnf4 import layouts
+from fastnf4.bench.harness import capture
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -47,14 +48,7 @@ def test_repacked_layer_in_a_cuda_graph():
         nbytes = layer.weight_nf4.nbytes()
         layer.repack("fastnf4")
         assert layer.layout == "fastnf4" and layer.weight_nf4.nbytes() == nbytes
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            layer(x)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = layer(x)
+        graph, y = capture([lambda: layer(x)], 1)  # (warmed up on a side stream, then captured)
         y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
