@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--e2e-modes", nargs="+", default=None, choices=["eager", "graph", "compiled"],
                        help="e2e: decode modes (default: eager graph; compiled: torch.compile + a CUDA graph, one "
                             "compile per batch size and variant, about 2 minutes each at full depth on an H200)")
+    bench.add_argument("--e2e-generate", action="store_true",
+                       help="e2e: compiled rows also time transformers' generate() with its own compile of the decode "
+                            "step (static cache, the documented recipe): one more compile per batch size and variant")
     bench.add_argument("--e2e-variants", nargs="+", default=None, choices=["fastnf4", "bnb", "bnb+fastnf4", "bf16"],
                        help="e2e: variants (default: all; the bitsandbytes ones where bitsandbytes imports)")
     bench.add_argument("--json", default=None, help="where to write the JSON (default: benchmarks/results/<gpu>-<name>.json)")

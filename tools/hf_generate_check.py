@@ -19,17 +19,22 @@ usage: python tools/hf_generate_check.py OUT_DIR [--tiny] [--new-tokens 64] [--p
    and the largest logit difference up to it (a near tie flipped by rounding, or not), and the compiled run is
    repeated once with ``torch._inductor.config.emulate_precision_casts = True`` (inductor then rounds fused bf16
    intermediates as eager does) for comparison; the verdict stays the first compiled run's.
-4. Decode tokens/s of each generate: the first compiled call (which compiles) is left out; then, after a
-   ``torch.cuda.synchronize()``, ``time.perf_counter()`` around 3 calls of each, median; prefill = the median of 3
+4. Decode tokens/s of each generate, by ``bench.e2e.generate_speed``: after one more call, ``time.perf_counter()``
+   around 3 calls (a ``torch.cuda.synchronize()`` before and after each), median; prefill = the median of 3
    ``generate(max_new_tokens=1)`` calls (one forward of the prompt plus generate's own set-up, which the long call
    pays too, run last: a static cache of another length would recompile the decode step); decode tok/s =
    (new tokens - 1) / (median total - median prefill).
-5. In the same process, ``bench.e2e.run`` in mode "compiled", variant fastnf4, the same 4 layers, batch 1, the same
-   prompt length, 64 timed steps (its own random model, same shapes); the ratio of the generate decode tok/s to it.
+5. A control: the same 4 layers in bf16 (random weights, no fastnf4 layer), eager against compiled tokens as in 3:
+   whether compiling the step changes the tokens of a random-weight model without fastnf4 too.
+6. In the same process, ``bench.e2e.run`` in mode "compiled" with ``e2e_generate`` (``--e2e-generate``), variant
+   fastnf4, the same 4 layers, batch 1, the same prompt length and number of new tokens (its own random model, same
+   shapes): its ``generate_tok_per_s`` is the same recipe on the in-memory model, and the check is the ratio of the
+   loaded checkpoint's decode tok/s to it; the ratio to the row's graph-replay ``tok_per_s`` (the compiled step alone,
+   without generate's per-token host work) is reported beside it.
 
 Writes OUT_DIR/<gpu>-hf-generate.json (``h200-hf-generate.json`` on an H200) and prints a short table. Exit status: 1
 if the compiled tokens differ from the eager ones, 3 if they are equal but the decode speed is not within 10% of
-bench e2e's compiled figure, 0 if both hold. About 3-5 minutes on an H200 (two compiles of the 4-layer model,
+bench e2e's compiled generate figure, 0 if both hold. About 3-5 minutes on an H200 (five compiles of 4 layers,
 about 4 GB of checkpoint written to and read from the temporary folder).
 
 ``--tiny``: a 2-layer tiny Qwen3 on the CPU (or the GPU where one is visible and ``--device cuda`` is given), the same
@@ -109,13 +114,9 @@ def load(path: str, device: str):
 
 
 def generate_kwargs(new_tokens: int, compiled: bool, compile_config=None) -> dict:
-    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-              cache_implementation="static")
-    if not compiled:
-        kw["disable_compile"] = True
-    elif compile_config is not None:
-        kw["compile_config"] = compile_config
-    return kw
+    from fastnf4.bench.e2e import generate_kwargs as kw
+
+    return kw(new_tokens, compiled, compile_config)
 
 
 def _generate(model, ids, kw: dict, logits: bool = False):
@@ -169,37 +170,22 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(model, ids, kw: dict, n: int = 3) -> list[float]:
-    out = []
-    for _ in range(n):
-        _sync(ids.device)
-        t0 = time.perf_counter()
-        _generate(model, ids, kw)
-        _sync(ids.device)
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def timings(model, ids, new_tokens: int, compile_config) -> dict:
-    """Decode tokens/s of the eager and the compiled generate (module docstring, step 4)."""
-    res = {}
-    for name, compiled in (("compiled", True), ("eager", False)):
-        res[name] = {"total_s": _timed(model, ids, generate_kwargs(new_tokens, compiled, compile_config))}
-    prefill = _timed(model, ids, generate_kwargs(1, False))
-    res["prefill_s"] = prefill
-    for name in ("compiled", "eager"):
-        total = statistics.median(res[name]["total_s"])
-        decode = total - statistics.median(prefill)
-        res[name]["decode_tok_per_s"] = (new_tokens - 1) / decode if decode > 0 else None
-    return res
+    """Decode tokens/s of the compiled and the eager generate, by ``bench.e2e.generate_speed`` (module docstring,
+    step 4; the compile happened in ``run_tokens``)."""
+    from fastnf4.bench.e2e import generate_speed
+
+    return {name: generate_speed(model, ids, new_tokens, compiled, compile_config)
+            for name, compiled in (("compiled", True), ("eager", False))}
 
 
-def bench_e2e(prompt: int, layers: int) -> dict:
-    """``fastnf4 bench e2e`` compiled, fastnf4, the same layers, batch 1 (its row and the copy bandwidth)."""
+def bench_e2e(prompt: int, layers: int, new_tokens: int) -> dict:
+    """``fastnf4 bench e2e --e2e-modes compiled --e2e-generate``, fastnf4, the same layers, batch 1, ``new_tokens``
+    steps (its row and the copy bandwidth)."""
     from fastnf4.bench import e2e
 
     opts = argparse.Namespace(models=["qwen3-32b"], e2e_layers=layers, batches=[1], e2e_modes=["compiled"],
-                              e2e_variants=["fastnf4"], prompt=prompt, steps=64)
+                              e2e_variants=["fastnf4"], e2e_generate=True, prompt=prompt, steps=new_tokens)
     res = e2e.run(opts)
     row = next(r for r in res["rows"] if r.get("mode") == "compiled")
     return {"row": row, "copy_GBps": res["copy"]["GBps"], "table": res["table"]}
@@ -208,11 +194,30 @@ def bench_e2e(prompt: int, layers: int) -> dict:
 def _reset_compiled(model) -> None:
     import torch
 
-    torch._dynamo.reset()
+    from fastnf4.bench.e2e import reset_generate_compile
+
+    reset_generate_compile(model)
     torch._dynamo.utils.counters.clear()
-    for attr in ("_compiled_call", "_last_compile_config"):
-        if hasattr(model, attr):
-            delattr(model, attr)
+
+
+def bf16_control(cfg, ids, new_tokens: int, compile_config) -> dict:
+    """The same architecture in bf16 (random weights, no fastnf4 layer), eager against compiled greedy tokens: whether
+    the compiled decode step alone (inductor's fused bf16 arithmetic) changes tokens of a random-weight model."""
+    import torch
+
+    from fastnf4.study.e2e import build_model
+
+    torch.manual_seed(0)
+    model = build_model(cfg, None, ids.device.type, desc="bf16 control")
+    _reset_compiled(model)
+    try:
+        tok = run_tokens(model, ids, new_tokens, compile_config)
+    finally:
+        _reset_compiled(model)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    return {"tokens_equal": tok["equal"], "first_difference": tok["first_difference"]}
 
 
 def main(argv=None) -> int:
@@ -291,11 +296,14 @@ def main(argv=None) -> int:
         del model
         gc.collect()
         torch.cuda.empty_cache()
-        e2e = bench_e2e(args.prompt, args.layers)
+        result["bf16_control"] = bf16_control(cfg, ids, args.new_tokens, compile_config)
+        e2e = bench_e2e(args.prompt, args.layers, args.new_tokens)
         result["e2e"] = {"row": e2e["row"], "copy_GBps": e2e["copy_GBps"]}
         hf = result["timing"]["compiled"]["decode_tok_per_s"]
-        bench = e2e["row"].get("tok_per_s")
+        bench = e2e["row"].get("generate_tok_per_s")
+        step = e2e["row"].get("tok_per_s")
         result["ratio_generate_over_e2e"] = hf / bench if hf and bench else None
+        result["ratio_generate_over_e2e_graph_replay"] = hf / step if hf and step else None
         result["within_10pct"] = bool(result["ratio_generate_over_e2e"]
                                       and abs(result["ratio_generate_over_e2e"] - 1) <= 0.10)
     gpu = "cpu" if device == "cpu" else env["gpu"].lower().replace("nvidia ", "").replace(" ", "-")
@@ -336,9 +344,15 @@ def report(r: dict) -> str:
                   f"{'generate eager':30}{ms(t['eager']['total_s']):>10}{f(t['eager']['decode_tok_per_s'], '.1f'):>14}",
                   f"{'generate compiled':30}{ms(t['compiled']['total_s']):>10}"
                   f"{f(t['compiled']['decode_tok_per_s'], '.1f'):>14}",
-                  f"{'prefill (max_new_tokens=1)':30}{ms(t['prefill_s']):>10}",
-                  f"{'bench e2e compiled, batch 1':30}{'':10}{f(r['e2e']['row'].get('tok_per_s'), '.1f'):>14}",
-                  f"ratio generate / bench e2e: {f(r['ratio_generate_over_e2e'], '.3f')}, within 10%: {r['within_10pct']}"]
+                  f"{'prefill (max_new_tokens=1)':30}{ms(t['compiled']['prefill_s']):>10}",
+                  f"{'bench e2e compiled: generate':30}{'':10}"
+                  f"{f(r['e2e']['row'].get('generate_tok_per_s'), '.1f'):>14}",
+                  f"{'bench e2e compiled: graph step':30}{'':10}{f(r['e2e']['row'].get('tok_per_s'), '.1f'):>14}",
+                  f"ratio generate / bench e2e generate: {f(r['ratio_generate_over_e2e'], '.3f')}, within 10%: "
+                  f"{r['within_10pct']}; / bench e2e graph step: {f(r['ratio_generate_over_e2e_graph_replay'], '.3f')}"]
+        if "bf16_control" in r:
+            lines.append(f"bf16 control (no fastnf4 layer), compiled == eager: {r['bf16_control']['tokens_equal']} "
+                         f"{r['bf16_control']['first_difference'] or ''}")
         if r["e2e"]["row"].get("note"):
             lines.append(f"bench e2e note: {r['e2e']['row']['note']}")
     return "\n".join(lines)

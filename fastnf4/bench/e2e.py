@@ -27,6 +27,16 @@ device tensor), timed with CUDA events, in the modes of ``--e2e-modes`` (default
   Dynamo's caches are reset before each variant (``torch._dynamo.reset``). Not in the default modes: a full-depth
   compile takes about 2 minutes per batch size and variant.
 
+With ``--e2e-generate``, each compiled row also gets the figures of the same model decoded by transformers'
+``generate()`` as its documentation recommends for speed (``cache_implementation="static"``; transformers compiles
+the decode step itself: ``torch.compile`` of the model's call, inductor, mode "reduce-overhead", i.e. inductor's own
+CUDA graphs; the prefill stays eager): ``generate_tok_per_s`` (decode tokens/s: ``batch * (steps - 1)`` over the
+median time of 3 greedy ``generate`` calls of ``--steps`` new tokens less the median time of 3 calls of one new
+token, after one call that compiles, which is ``generate_compile_s``) and ``generate_vs_step`` (that over the row's
+``tok_per_s``: the share of the graph-replay speed left after generate's own per-token work on the host). It is
+what a user of ``generate()`` gets, and what ``tools/hf_generate_check.py`` compares a checkpoint loaded with
+``from_pretrained`` against. One more compile per batch size (about 2 minutes at full depth on the H200).
+
 For graph and compiled rows, the torch profiler's split of the replays' GPU time: ``share_4bit`` (4-bit dequantize /
 matmul kernels, ``study.e2e.kernel_split``), ``four_bit_us`` (their GPU time per step) against ``floor_4bit_us``, the
 NF4 byte floor of the model's quantized linears at that batch (``nf4_floor_bytes`` at the copy bandwidth measured
@@ -75,13 +85,15 @@ def plan(opts, bnb_available: bool) -> dict:
     """What ``run`` measures, from the parsed options: ``models``, ``layers`` (None: full depth), ``batches``,
     ``modes`` (in ``MODES`` order whatever order they were given in), ``variants`` (in ``VARIANTS`` order; the
     bitsandbytes ones dropped where bitsandbytes cannot be imported, ``skipped`` says which). Unknown modes or
-    variants raise a ValueError."""
+    variants, and ``e2e_generate`` without the compiled mode, raise a ValueError."""
     modes = list(getattr(opts, "e2e_modes", None) or DEFAULT_MODES)
     variants = list(getattr(opts, "e2e_variants", None) or VARIANTS)
     for what, given, known in (("mode", modes, MODES), ("variant", variants, VARIANTS)):
         bad = [g for g in given if g not in known]
         if bad:
             raise ValueError(f"unknown e2e {what}(s) {bad}: choose from {list(known)}")
+    if getattr(opts, "e2e_generate", False) and "compiled" not in modes:
+        raise ValueError("--e2e-generate times generate() beside the compiled rows: add 'compiled' to --e2e-modes")
     skipped = [v for v in VARIANTS if v in variants and v in BNB_VARIANTS and not bnb_available]
     batches = list(dict.fromkeys(getattr(opts, "batches", None) or (1, 8, 32)))
     if any(b < 1 for b in batches):
@@ -290,6 +302,59 @@ def decode_speed(model, batch: int, prompt: int, steps: int, mode="eager", top: 
     return out
 
 
+def generate_kwargs(batch_new_tokens: int, compiled: bool = True, compile_config=None) -> dict:
+    """``generate()`` arguments of the documented fast recipe: greedy, exactly ``batch_new_tokens`` new tokens (no
+    early stop), a static cache; ``compiled=False`` turns transformers' automatic compile off (``disable_compile``);
+    ``compile_config``: a ``transformers.CompileConfig`` (None: transformers' default)."""
+    kw = dict(max_new_tokens=batch_new_tokens, min_new_tokens=batch_new_tokens, do_sample=False, pad_token_id=0,
+              cache_implementation="static")
+    if not compiled:
+        kw["disable_compile"] = True
+    elif compile_config is not None:
+        kw["compile_config"] = compile_config
+    return kw
+
+
+def reset_generate_compile(model) -> None:
+    """Forget what transformers compiled for ``model``'s ``generate`` (and Dynamo's caches), so that the next
+    compiled ``generate`` compiles again."""
+    _reset_dynamo()
+    for attr in ("_compiled_call", "_last_compile_config"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+
+
+def _wall(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def generate_speed(model, ids, new_tokens: int, compiled: bool = True, compile_config=None, repeats: int = 3) -> dict:
+    """Decode speed of greedy ``generate()`` from the prompt ``ids`` ([batch, prompt]) as a user calls it (the
+    module docstring): ``first_call_s`` (for a compiled call: the one that compiles), ``total_s`` (``repeats`` calls
+    of ``new_tokens`` tokens), ``prefill_s`` (``repeats`` calls of one new token: one forward of the prompt plus
+    generate's own set-up, run after the long calls, because a static cache of another length would recompile the
+    decode step), and ``decode_tok_per_s`` = batch * (new_tokens - 1) / (median total - median prefill)."""
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be >= 2 to time decode steps, got {new_tokens}")
+    kw = generate_kwargs(new_tokens, compiled, compile_config)
+    with torch.inference_mode():
+        first = _wall(lambda: model.generate(ids, **kw), 1)[0]
+        total = _wall(lambda: model.generate(ids, **kw), repeats)
+        prefill = _wall(lambda: model.generate(ids, **generate_kwargs(1, False)), repeats)
+    decode = statistics.median(total) - statistics.median(prefill)
+    return {"first_call_s": first, "total_s": total, "prefill_s": prefill,
+            "decode_tok_per_s": ids.shape[0] * (new_tokens - 1) / decode if decode > 0 else None}
+
+
 def bf16_skip_note(cfg, batch: int, prompt: int, steps: int, free: int) -> str | None:
     """``None`` when the bf16 model of ``cfg`` fits in ``free`` bytes at its largest ``batch`` by
     ``study.e2e.bf16_estimate``, else the "does not fit" note of its row."""
@@ -330,6 +395,8 @@ def _measure(model, name: str, depth: int, variant: str, p: dict, opts, weights:
                 except Exception as e:  # a variant that cannot be captured or compiled is reported, not fatal
                     row["note"] = f"{type(e).__name__}: {str(e)[:160]}"
                 row["decode_peak_gib"] = torch.cuda.max_memory_allocated() / gib
+                if mode == "compiled" and getattr(opts, "e2e_generate", False) and "step_us" in row:
+                    row.update(_generate_row(model, batch, opts, row["tok_per_s"]))
                 if mode != "eager":
                     add_floor(row, shapes, copy_gbps)
                 rows.append(row)
@@ -338,6 +405,22 @@ def _measure(model, name: str, depth: int, variant: str, p: dict, opts, weights:
             del forward
             _reset_dynamo()
     return rows
+
+
+def _generate_row(model, batch: int, opts, step_tok_per_s: float) -> dict:
+    """The ``--e2e-generate`` figures of one compiled row (module docstring); transformers' compile of the decode
+    step is its own (Dynamo reset before and after), a failure is the row's ``generate_note``."""
+    ids = torch.randint(0, model.config.vocab_size, (batch, opts.prompt), device="cuda")
+    reset_generate_compile(model)
+    try:
+        g = generate_speed(model, ids, opts.steps)
+    except Exception as e:  # noqa: BLE001 - reported in the row, the run goes on
+        return {"generate_note": f"{type(e).__name__}: {str(e)[:160]}"}
+    finally:
+        reset_generate_compile(model)
+    tok = g["decode_tok_per_s"]
+    return {"generate_tok_per_s": tok, "generate_vs_step": tok / step_tok_per_s if tok else None,
+            "generate_compile_s": g["first_call_s"], "generate_total_s": g["total_s"], "generate_prefill_s": g["prefill_s"]}
 
 
 @register("e2e")
@@ -399,6 +482,7 @@ def run(opts) -> dict:
             r["vs_bnb_eager_or_same_mode"] = r["tok_per_s"] / b
     cols = [("model", "{}"), ("layers", "{}"), ("variant", "{}"), ("batch", "{}"), ("mode", "{}"), ("ttft_us", "{:.0f}"),
             ("step_us", "{:.0f}"), ("tok_per_s", "{:.1f}"), ("vs_bnb_eager_or_same_mode", "{:.2f}"),
+            ("generate_tok_per_s", "{:.1f}"), ("generate_vs_step", "{:.2f}"),
             ("share_4bit", "{:.2f}"), ("four_bit_us", "{:.0f}"), ("floor_4bit_us", "{:.0f}"),
             ("four_bit_vs_floor", "{:.2f}"), ("compile_s", "{:.0f}"), ("weights_gib", "{:.1f}"),
             ("build_peak_gib", "{:.1f}"), ("decode_peak_gib", "{:.1f}"), ("note", "{}")]
