@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="restrict to these models (llama-3.3-70b, qwen3-32b, gemma-3-27b)")
     bench.add_argument("--layers", nargs="*", default=None,
                        help="matmul: restrict to these layers (q+o, k+v, gate+up, down, qkv, gate_up, q, o)")
+    bench.add_argument("--shapes", nargs="+", default=None, metavar="NxK",
+                       help="matmul: weight shapes (out x in features, e.g. 320x5120 4096x4000) instead of the models'")
     bench.add_argument("--blocksize", type=int, default=64)
     bench.add_argument("--m", type=int, nargs="*", default=None, help="matmul: rows of x (default 1..2048)")
     bench.add_argument("--layouts", nargs="+", default=None, choices=["bnb", "fastnf4"],

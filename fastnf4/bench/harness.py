@@ -236,6 +236,21 @@ def selected_shapes(models: Iterable[str] | None, layers: Iterable[str] | None =
     return [s for s in shapes if s[1] in layers] if layers else shapes
 
 
+def parse_shapes(specs: Iterable[str]) -> list[tuple[str, str, int, int]]:
+    """``--shapes`` ("NxK": out x in features, e.g. "320x5120") as ``model_shapes()`` rows, model "custom"; a
+    malformed or non-positive entry is a ValueError naming it."""
+    rows = []
+    for spec in specs:
+        parts = spec.lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"--shapes entries are NxK (out x in features, e.g. 320x5120), got {spec!r}")
+        n, k = int(parts[0]), int(parts[1])
+        if n < 1 or k < 1:
+            raise ValueError(f"--shapes entries need N, K >= 1, got {spec!r}")
+        rows.append(("custom", f"{n}x{k}", n, k))
+    return rows
+
+
 def dtype_nested_configs(shapes):
     """Every shape x (bf16, fp16) x (double quant off, on): the dequant and quantize benchmark grid."""
     return [(s, dt, nested) for s in shapes for dt in (torch.bfloat16, torch.float16) for nested in (False, True)]

@@ -1,12 +1,14 @@
-"""``fastnf4 bench matmul``: y = x @ W.T at M rows, for every linear shape of the three models.
+"""``fastnf4 bench matmul``: y = x @ W.T at M rows, for every linear shape of the three models (or the ``--shapes``
+given, e.g. odd ones: model "custom").
 
-Providers, in one run: bf16 cuBLAS on the unquantized weight, bitsandbytes ``matmul_4bit`` (double quant),
-fastnf4 dequantize + cuBLAS, fastnf4 ``linear`` (and with ``--layouts bnb fastnf4`` on the same weights repacked into
-the fastnf4 layout, ``fastnf4_layout_us``, where the shape can take it). ``floor_us`` = NF4 bytes (packed + 8-bit statistics + x + y)
-over the copy bandwidth. Correctness first, on fresh data (``check_providers``): every provider's output on a
-poisoned allocation, eager and graph-captured (bit for bit the same), relative Frobenius error against a float64
-product with bitsandbytes' dequantized weight; a fastnf4 provider over 2x cuBLAS's error stops the bench. The
-rotation sets are sized by the NF4 bytes (>= 4x the L2 where 64 copies reach it).
+Providers, in one run: bf16 cuBLAS on the unquantized weight, bitsandbytes ``matmul_4bit`` (double quant), fastnf4
+dequantize + cuBLAS, fastnf4 ``linear`` (and with ``--layouts bnb fastnf4`` on the same weights repacked into the
+fastnf4 layout, ``fastnf4_layout_us``, where the shape can take it). ``floor_us`` = NF4 bytes (packed + 8-bit
+statistics + x + y) over the copy bandwidth; ``vs_dq_cublas`` = fastnf4's own dequantize + cuBLAS time over
+``linear``'s. Correctness first, on fresh data (``check_providers``): every provider's output on a poisoned
+allocation, eager and graph-captured (bit for bit the same), relative Frobenius error against a float64 product with
+bitsandbytes' dequantized weight; a fastnf4 provider over 2x cuBLAS's error stops the bench. The rotation sets are
+sized by the NF4 bytes (>= 4x the L2 where 64 copies reach it).
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ import fastnf4
 import fastnf4.ops.matmul.dispatch
 from fastnf4 import layouts as fastnf4_layouts
 from fastnf4.bench.common import bnb_functional, clone_weight
-from fastnf4.bench.harness import (capture, copy_bandwidth, format_table, progress, rotation_count, selected_shapes,
-                                    time_graphs)
+from fastnf4.bench.harness import (capture, copy_bandwidth, format_table, parse_shapes, progress, rotation_count,
+                                    selected_shapes, time_graphs)
 from fastnf4.bench.registry import register
 
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048)
@@ -84,7 +86,8 @@ def check_providers(provs: dict, x: torch.Tensor, ref: torch.Tensor, yardstick: 
 def run(opts) -> dict:
     F = bnb_functional()
     copy = copy_bandwidth()
-    shapes = selected_shapes(opts.models, getattr(opts, "layers", None))
+    shapes = parse_shapes(opts.shapes) if getattr(opts, "shapes", None) else \
+        selected_shapes(opts.models, getattr(opts, "layers", None))
     ms = tuple(opts.m) if getattr(opts, "m", None) else M_VALUES
     rows = []
     for model, layer, n, k in progress(shapes, desc="matmul"):
@@ -152,6 +155,7 @@ def run(opts) -> dict:
                 row[f"{name}_us"] = t["median_us"]
             row["fastnf4_pct_floor"] = 100 * row["floor_us"] / row["fastnf4_us"]
             row["vs_cublas"] = row["cublas_bf16_us"] / row["fastnf4_us"]
+            row["vs_dq_cublas"] = row["fastnf4_dq_cublas_us"] / row["fastnf4_us"]
             if F is not None:
                 row["vs_bnb"] = row["bnb_us"] / row["fastnf4_us"]
             if row.get("fastnf4_layout_us"):
@@ -163,6 +167,6 @@ def run(opts) -> dict:
             ("err_ratio", "{:.2f}"), ("floor_us", "{:.1f}"), ("fastnf4_us", "{:.1f}"), ("fastnf4_pct_floor", "{:.0f}"),
             ("cublas_bf16_us", "{:.1f}"), ("bnb_us", "{:.1f}"), ("fastnf4_dq_cublas_us", "{:.1f}"), ("fastnf4_gemm_us", "{:.1f}"),
             ("fastnf4_layout_us", "{:.1f}"),
-            ("vs_cublas", "{:.2f}"), ("vs_bnb", "{:.2f}")]
+            ("vs_cublas", "{:.2f}"), ("vs_dq_cublas", "{:.2f}"), ("vs_bnb", "{:.2f}")]
     table = f"copy bandwidth: {copy['GBps']:.0f} GB/s\n" + format_table(rows, cols)
     return {"copy": copy, "rows": rows, "table": table}
