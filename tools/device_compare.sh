@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, one call: this tree's GPU suite, then `fastnf4 bench matmul` of this tree and of another one (an
 # older commit's `git archive`, e.g. to show that a refactor changed no speed) run alternately ROUNDS times each
-# (default 3), and a per-row table of this tree's best time over the other's, with each tree's own run-to-run spread
+# (default 2: the H200 suite takes ~320 s of the 600 s a device call may run, its time-out SUITE_TIMEOUT defaults
+# to 450 s, and two models at four M are ~28 s per bench run), and a per-row table of this tree's best time over the other's, with each tree's own run-to-run spread
 # (slowest / fastest of its runs) beside it.
 #
 #   tools/device_compare.sh OUT OTHER_TREE [bench matmul options, e.g. --models qwen3-32b --m 1 16 128 512]
@@ -27,11 +28,11 @@ print('other tree libraries:', gemv_mma._lib_for(0) is not None, wgmma._lib_for(
     > "$out/other-build.log" 2>&1 ) &
 pid=$!
 t0=$(date +%s)
-FASTNF4_COMMIT=$(cat benchmarks/.commit 2>/dev/null) PYTHONPATH=/tmp/site:$root timeout "${SUITE_TIMEOUT:-330}" \
+FASTNF4_COMMIT=$(cat benchmarks/.commit 2>/dev/null) PYTHONPATH=/tmp/site:$root timeout "${SUITE_TIMEOUT:-450}" \
     python3 -m pytest -q --tb=short -p no:cacheprovider --durations=8 tests/gpu 2>&1 | tail -80 > "$out/gpu-tests.log"
 echo "gpu suite: $(( $(date +%s) - t0 )) s: $(tail -1 "$out/gpu-tests.log")"
 wait $pid; cat "$out/other-build.log"
-rounds=${ROUNDS:-3}
+rounds=${ROUNDS:-2}
 for r in $(seq 1 "$rounds"); do
   for who in this other; do
     case $who in this) dir=$root;; *) dir=$other;; esac
