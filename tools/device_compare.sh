@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine, one call: this tree's GPU suite, then `fastnf4 bench matmul` of this tree and of another one (an
 # older commit's `git archive`, e.g. to show that a refactor changed no speed) run alternately ROUNDS times each
-# (default 2: the H200 suite takes ~320 s of the 600 s a device call may run, its time-out SUITE_TIMEOUT defaults
-# to 450 s, and two models at four M are ~28 s per bench run), and a per-row table of this tree's best time over the other's, with each tree's own run-to-run spread
-# (slowest / fastest of its runs) beside it.
+# (default 2: the H200 suite takes ~320 s of the 600 s a device call may run, its time-out SUITE_TIMEOUT defaults to
+# 450 s, and two models at four M are ~28 s per bench run), and a per-row table of this tree's best time over the
+# other's, with each tree's own run-to-run spread (slowest / fastest of its runs) beside it.
 #
 #   tools/device_compare.sh OUT OTHER_TREE [bench matmul options, e.g. --models qwen3-32b --m 1 16 128 512]
 #
