@@ -36,6 +36,16 @@ _NF4 = (
 _FP4_TWELFTHS = (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
 
 
+def _outside_inference_mode(fn, *args):
+    """``fn(*args)`` as a normal tensor even when called under ``torch.inference_mode()``: the cached tables outlive
+    the call, and an inference tensor in the cache would break every later call that autograd records (a table saved
+    for backward: "Inference tensors cannot be saved for backward")."""
+    if torch.is_inference_mode_enabled():
+        with torch.inference_mode(False):
+            return fn(*args)
+    return fn(*args)
+
+
 def _constant(fn):
     """Cache ``fn``'s table per arguments, plain tensors only: a table first asked for under a FakeTensorMode (a
     trace, a patched op reached with fake tensors) comes out fake and must not stay for the real calls after it."""
@@ -45,7 +55,7 @@ def _constant(fn):
     def get(*args):
         if args in cache:
             return cache[args]
-        t = fn(*args)
+        t = _outside_inference_mode(fn, *args)
         if type(t) is torch.Tensor:
             cache[args] = t
         return t
@@ -76,7 +86,7 @@ def _on_device(name: str, make, device) -> torch.Tensor:
             raise RuntimeError(f"fastnf4 copies its {name} table to {device} on the first use there, and a CUDA graph "
                                "capture does not allow that host-to-device copy: make one fastnf4 call on this device "
                                "(or build its NF4Weight there) before capturing")
-        t = make().to(device)
+        t = _outside_inference_mode(lambda: make().to(device))
         if type(t) is not torch.Tensor:  # (made under a FakeTensorMode: not kept, as in _constant)
             return t
         _device_cache[key] = t

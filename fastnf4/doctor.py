@@ -39,8 +39,8 @@ CPU_SHAPE = (64, 256)  # small: the Triton interpreter runs it in seconds
 GPU_SHAPE = (5120, 4096)
 LINEAR_MS = (1, 16, 128)
 # linear: relative Frobenius error against a float64 product with the reference-dequantized weight of at most
-# FACTOR times that of torch's own matmul on the same weight and dtype, plus FLOOR (the bound of tests/gpu/
-# test_fuzz_linear.py)
+# FACTOR times that of torch's own matmul on the same weight and dtype, plus FLOOR (the bound of tests/gpu/ops/
+# matmul/test_fuzz_linear.py)
 LINEAR_FACTOR = 2.0
 LINEAR_FLOOR = 2.0 ** -12
 LINEAR_BOUND = f"relative error <= {LINEAR_FACTOR:g} x torch matmul's on the reference weight + 2^-12"

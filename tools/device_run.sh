@@ -38,8 +38,9 @@ for step in "$@"; do
     tune-matmul) timeout 420 python3 tools/tune_matmul.py "$OUT/tune-matmul.json" 2>&1 | tee "$OUT/tune-matmul.log" ;;
     gpu-tests) timeout 420 python3 -m pytest -q --tb=short -p no:cacheprovider tests/gpu 2>&1 | tail -60 \
       | tee "$OUT/gpu-tests.log" ;;
-    integration-tests) timeout 200 python3 -m pytest -q -rs --tb=short -p no:cacheprovider tests/test_transformers.py \
-      tests/test_fuzz_transformers.py tests/test_bnb_patch.py tests/test_peft.py 2>&1 | tail -30 \
+    integration-tests) timeout 200 python3 -m pytest -q -rs --tb=short -p no:cacheprovider \
+      tests/integrations/test_transformers.py tests/integrations/test_fuzz_transformers.py \
+      tests/integrations/test_bnb_patch.py tests/integrations/test_peft.py 2>&1 | tail -30 \
       | tee "$OUT/integration-tests.log" ;;
     multi-gpu) timeout 400 python3 -m pytest -q -rs --tb=short -p no:cacheprovider tests/gpu/test_multi_gpu.py 2>&1 \
       | tail -40 | tee "$OUT/multi-gpu-tests.log" ;;

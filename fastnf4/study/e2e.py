@@ -23,8 +23,8 @@ DEQUANT = re.compile(r"kDequantize|dequantize_4bit", re.I)
 # sum of the Triton path (add_parts_kernel). Under torch.compile the same kernels run (fastnf4::linear and
 # bitsandbytes' ops stay opaque custom-op calls in inductor's graph); inductor's own kernels (triton_poi_fused_*,
 # triton_red_fused_*, triton_per_fused_*, named after the aten ops they fuse) and cuBLAS' (nvjet_*) match neither
-# pattern (tests/test_bench_e2e.py). bitsandbytes' dequantize + bf16 matmul path (batch > 1) counts its dequantize
-# kernels only: the cuBLAS matmul over the dequantized weight is in the rest.
+# pattern (tests/bench/test_bench_e2e.py). bitsandbytes' dequantize + bf16 matmul path (batch > 1) counts its
+# dequantize kernels only: the cuBLAS matmul over the dequantized weight is in the rest.
 FOUR_BIT = re.compile(r"4bit|gemv|nf4|kgemm|^gemm_kernel|^add_parts_kernel", re.I)
 
 

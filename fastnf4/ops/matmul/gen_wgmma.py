@@ -1,7 +1,7 @@
 """Writes the wgmma wrappers of fastnf4/ops/matmul/wgmma.cu (one per x-rows-per-block BM and input dtype: the
 m64nBMk16 instruction with A from registers has BM / 2 accumulator operands, too many to write by hand).
-usage: python -m fastnf4.ops.matmul.gen_wgmma  (prints the block, to paste into wgmma.cu; tests/test_matmul.py checks
-the source holds it). Imports nothing: the package does not use it at run time."""
+usage: python -m fastnf4.ops.matmul.gen_wgmma  (prints the block, to paste into wgmma.cu;
+tests/ops/matmul/test_matmul.py checks the source holds it). Imports nothing: the package does not use it at run time."""
 
 
 def wrappers() -> str:

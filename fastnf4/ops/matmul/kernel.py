@@ -246,8 +246,8 @@ def add_parts_kernel(p_parts, p_bias, p_y, MN, N, S, HAS_BIAS: tl.constexpr, BLO
 def add_parts(parts: torch.Tensor, bias, dtype: torch.dtype, interpret: bool = False) -> torch.Tensor:
     """The split-K result [M, N] in ``dtype`` from the parts' float32 partial sums [S, M, N] (+ bias): one kernel
     adds the parts in part order (the same bits on every run, as the CUDA kernels' sums; the atomic adds the GEMV /
-    GEMM did before into one float32 buffer differed from run to run: tests/gpu/test_fuzz_linear.py), adds the bias
-    and rounds once."""
+    GEMM did before into one float32 buffer differed from run to run: tests/gpu/ops/matmul/test_fuzz_linear.py), adds
+    the bias and rounds once."""
     s, m, n = parts.shape
     y = torch.empty(m, n, dtype=dtype, device=parts.device)
     block = 1024

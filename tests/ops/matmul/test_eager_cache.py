@@ -1,5 +1,5 @@
 """CPU-side properties of the eager launch cache (ops/matmul/eager.py); the GPU behaviour is in
-tests/gpu/test_eager_fast_path.py."""
+tests/gpu/ops/matmul/test_eager_fast_path.py."""
 import copy
 import pickle
 

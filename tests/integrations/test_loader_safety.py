@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 import fastnf4.integrations.transformers as tf  # noqa: E402
 from fastnf4.integrations.transformers import load_and_quantize, load_quantized, save_quantized  # noqa: E402
-from test_transformers import _copy, _edit, checkpoint, logits, tiny_llama  # noqa: E402,F401
+from .test_transformers import _copy, _edit, checkpoint, logits, tiny_llama  # noqa: E402,F401
 
 IDS = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(5))
 INDEX = "model.safetensors.index.json"
@@ -244,7 +244,7 @@ def test_non_regular_files_are_refused_without_blocking(sharded, checkpoint, tmp
     try:
         r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps({k: c for k, (c, _) in cases.items()})],
                            capture_output=True, text=True, timeout=240, env={**os.environ},
-                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     except subprocess.TimeoutExpired:
         pytest.fail("a load blocked (on a FIFO)")
     assert r.returncode == 0, r.stderr[-2000:]

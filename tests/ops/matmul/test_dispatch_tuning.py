@@ -8,7 +8,7 @@ import pytest
 
 from fastnf4.ops.matmul import dispatch, gemv_mma, tuning
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.mark.parametrize("name", tuning.NAMES)

@@ -1,6 +1,6 @@
 """patch_bitsandbytes: bitsandbytes' own API runs on fastnf4 kernels (counted), with the same results, and
 calls fastnf4 does not cover fall through to bitsandbytes. On CPU the patch is applied to the CPU kernels
-(the fastnf4 side then runs in Triton's interpreter); tests/gpu/test_bnb_patch_gpu.py does it on CUDA."""
+(the fastnf4 side then runs in Triton's interpreter); tests/gpu/integrations/test_bnb_patch_gpu.py does it on CUDA."""
 import pytest
 import torch
 

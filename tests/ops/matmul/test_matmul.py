@@ -49,7 +49,7 @@ def test_random_shapes_every_path(seed):
     """Random small shapes (seeded; N and K any, also odd; blocksizes 32-4096; nested on / off; bf16 / fp16 / fp32;
     bias or none) through each Triton path the shape allows and ``fastnf4.linear``'s own pick: within 2x the error of
     a matmul on the dequantized weight, the output poisoned first. The GPU has its own, larger fuzz test
-    (tests/gpu/test_fuzz_linear.py)."""
+    (tests/gpu/ops/matmul/test_fuzz_linear.py)."""
     import random
 
     r = random.Random(77 + seed)

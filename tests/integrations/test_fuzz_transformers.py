@@ -343,7 +343,7 @@ def test_fuzz_transformers(c: Case, tmp_path):
     # weight, all in the last 256-block, one ulp off its own generic decode and its CUDA kernel (three fp16 cases of
     # this test). There the public decode is not the oracle; bitsandbytes' generic decode (the same product in float32,
     # one cast, as its CUDA kernel) is checked everywhere. Its CUDA decode is checked on the GPU
-    # (tests/gpu/test_checkpoints_gpu.py).
+    # (tests/gpu/integrations/test_checkpoints_gpu.py).
     public_exact = "cuda" not in os.path.basename(str(getattr(lib, "_name", "")))
     try:
         from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
