@@ -107,8 +107,9 @@ _HANDED_OUT: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def code_4bit(quant_type: str = "nf4", device: torch.device | str = "cpu") -> torch.Tensor:
-    """The 16-entry float32 table of ``quant_type`` on ``device`` (a fresh tensor each call)."""
-    t = _on_device(quant_type, lambda: _code_cpu(quant_type), device).clone()
+    """The 16-entry float32 table of ``quant_type`` on ``device`` (a fresh tensor each call; a normal tensor even under
+    ``torch.inference_mode()``, so that its version counter tells ``is_standard_code`` whether it was written to)."""
+    t = _outside_inference_mode(lambda: _on_device(quant_type, lambda: _code_cpu(quant_type), device).clone())
     if not torch.compiler.is_compiling():  # (a traced tensor has no identity to keep; NF4Weight skips the check there)
         key = id(t)
         _HANDED_OUT[key] = (weakref.ref(t, lambda _, key=key: _HANDED_OUT.pop(key, None)), quant_type)
@@ -120,7 +121,7 @@ def is_standard_code(t: torch.Tensor, quant_type: str) -> bool:
     with, whatever a checkpoint's quant_map says). A table ``code_4bit`` handed out counts without a look at its
     values (unless it was written to since); any other is compared (a device-to-host copy of 64 bytes)."""
     entry = _HANDED_OUT.get(id(t))
-    if entry is not None and entry[0]() is t and entry[1] == quant_type and t._version == 0:
+    if entry is not None and entry[0]() is t and entry[1] == quant_type and not t.is_inference() and t._version == 0:
         return True
     return torch.equal(t.detach().cpu(), _code_cpu(quant_type))
 

@@ -70,3 +70,42 @@ def test_tables_equal_bitsandbytes():
     assert torch.equal(bits(codebooks.dynamic_map()), bits(F.create_dynamic_map()))
     for qt in codebooks.QUANT_TYPES:
         assert torch.equal(bits(codebooks.code_4bit(qt)), bits(F.get_4bit_type(qt, device="cpu")))
+
+
+_INFERENCE_SCRIPT = r"""
+import sys, torch, fastnf4
+torch.manual_seed(0)
+w = torch.randn(64, 128, dtype=torch.bfloat16)
+x = torch.randn(3, 128, dtype=torch.bfloat16)
+if sys.argv[1] == "quantize":
+    ref = fastnf4.quantize(w)
+    with torch.inference_mode():
+        q = fastnf4.quantize(w)
+    assert torch.equal(q.packed, ref.packed) and torch.equal(q.absmax, ref.absmax)
+else:
+    q = fastnf4.quantize(w)
+    with torch.inference_mode():
+        y0 = fastnf4.linear(x, q)
+    xg = x.clone().requires_grad_()
+    y = fastnf4.linear(xg, q)
+    y.float().sum().backward()
+    assert torch.equal(y.detach(), y0) and xg.grad is not None
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("interpret", ["", "1"])
+@pytest.mark.parametrize("case", ["quantize", "train"])
+def test_tables_first_made_under_inference_mode(case, interpret, tmp_path):
+    """In a fresh process (empty table caches): ``quantize`` under ``torch.inference_mode()`` gives the same weight as
+    outside it, and a first ``linear`` under inference mode (an evaluation) does not leave inference tensors in the
+    caches that a later autograd-recorded ``linear`` (a training step) would fail on ("Inference tensors cannot be
+    saved for backward"). With the CPU reference ops and with the Triton kernels in the interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": interpret}
+    res = subprocess.run([sys.executable, "-c", _INFERENCE_SCRIPT, case], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
