@@ -159,7 +159,7 @@ def copy_bandwidth(nbytes: int = 2 * 2**30) -> dict:
 
 
 def _git_commit() -> str:
-    if os.environ.get("FASTNF4_COMMIT"):  # set by benchmarks/device_run.sh, where the tree has no .git
+    if os.environ.get("FASTNF4_COMMIT"):  # set by tools/device_run.sh, where the tree has no .git
         return os.environ["FASTNF4_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))

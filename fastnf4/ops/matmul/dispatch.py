@@ -14,7 +14,7 @@ the first that applies wins (rule names: the tables' entries):
 | ``mma``          | ``gemm_m8`` / ``gemm_m16`` / ``gemm_m32``             | 3-32  | ``mma_rules``               |
 | ``gemv``         | ``triton_gemv`` (``kernel.gemv_kernel``)              | 1-2   | ``triton_gemv``             |
 | ``gemm``         | ``triton_gemm`` (``kernel.gemm_kernel``)              | 3-32  | ``triton_gemm``             |
-| ``dequant+matmul`` | ``dequant_cublas`` (fastnf4 dequantize + cuBLAS)    | any   | everything else             |
+| ``dequant+matmul`` | (fastnf4 dequantize + cuBLAS)                       | any   | everything else             |
 
 The CUDA paths need their library built and the call supported (``gemv_mma.supports``, ``wgmma.supports``);
 ``gemv_mma.Prepared`` picks the ``mma`` plan (``gemv_mma.BUILDS``; ``small`` only when forced). The Triton paths

@@ -34,7 +34,7 @@
 //
 // Files: gemv_mma_common.cuh (what the kernels share), one header per kernel family (gemv_mma_decode.cuh,
 // gemv_mma_gemm.cuh, gemv_mma_small.cuh, gemv_mma_burst.cuh; each states its shape contract and layout), and
-// nf4_device.cuh (the helpers shared with wgmma.cu). This file: the kernel variants and the host API (extern "C").
+// nf4_device.cuh (the helpers shared with wgmma.cu). This file: the kernel builds and the host API (extern "C").
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -51,11 +51,13 @@
 
 namespace fastnf4_mma {
 
-// Kernel variants: 0 = decode kernel (M <= 2); 1 / 2 / 3 = GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 /
-// 16 / 32); 4 = small-weight decode kernel (M <= 2, small weights: ``gemv_mma.choose``); 5 = the decode kernel
-// with 20 warps x 4 stages (``gemv_mma.choose``); 6 = the split small-weight kernel (M = 1); 7 / 8 = the decode
-// kernel of 16 / 20 warps with pair columns (M <= 4, blocksize >= 64, K % 64 == 0; see kPair), which takes M = 3-4
-// where it fits (``gemv_mma.pair_wanted``; results/h200-probe-pair-cols-local.json); 9 = the burst decode kernel
+// Build numbers (named on the Python side: ``gemv_mma.BUILD_IDS``): 0 = ``decode`` (M <= 2); 1 / 2 / 3 =
+// ``gemm_m8`` / ``gemm_m16`` / ``gemm_m32``, the GEMM kernel with 1 / 2 / 4 tiles of 8 rows (M <= 8 / 16 / 32);
+// 4 = ``small``, one warp per weight row (M <= 2; only when forced); 5 = ``decode_wide``, the decode kernel with 20
+// warps x 4 stages (``gemv_mma.choose``); 6 = ``split``, the split small-weight kernel (M = 1 or 2, by size:
+// ``gemv_mma.choose``); 7 / 8 = ``decode_pair`` / ``decode_pair_wide``, the decode kernel of 16 / 20 warps with pair
+// columns (M <= 4, blocksize >= 64, K % 64 == 0; see kPair), which takes M = 3-4 where it fits
+// (``gemv_mma.pair_wanted``; results/h200-probe-pair-cols-local.json); 9 = ``decode_burst``, the burst decode kernel
 // (M <= 2: ``gemv_mma.burst_wanted``).
 template <typename T, bool kNested>
 void* pick(int variant) {
@@ -109,7 +111,7 @@ void* kernel_for(int dtype, int variant, int nested, int local = 0, bool xs = fa
   return nested ? pick<__half, true>(variant) : pick<__half, false>(variant);
 }
 
-// the M = 2 build of the split small-weight kernel (variant 6 takes M = 1 or 2; its launch picks by M)
+// the M = 2 build of the split small-weight kernel (build 6, ``split``, takes M = 1 or 2; its launch picks by M)
 void* split_m2(int dtype, int nested) {
   if (dtype == 0)
     return nested ? (void*)gemv_split<__nv_bfloat16, true, 2> : (void*)gemv_split<__nv_bfloat16, false, 2>;

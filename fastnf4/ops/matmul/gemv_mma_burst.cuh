@@ -1,4 +1,5 @@
-// gemv_burst, the burst decode kernel of gemv_mma.cu: variant 9, M <= 2 (its contract and layout: the comment below).
+// gemv_burst, the burst decode kernel of gemv_mma.cu: build ``decode_burst``, M <= 2 (its contract and layout: the
+// comment below).
 // Shape contract (the host checks it, gemv_mma.py): x [M, K] and y [M, N] bf16 / fp16, contiguous, 16-byte aligned
 // rows; packed [N, K / 2] 16-byte aligned; K % 256 == 0, M K <= 16384, N K < 2^31; blocksize a power of two >= 64;
 // absmax float32, or uint8 codes with nested statistics in blocks of 256, the array starting and ending on 4-byte
@@ -12,16 +13,16 @@
 
 namespace fastnf4_mma {
 
-// Burst decode kernel (variant 9, M <= 2; commit 457ed9c):
+// Burst decode kernel (``decode_burst``, M <= 2; commit 457ed9c):
 // small persistent blocks (4 warps, 3 per SM), each owning one 16-row tile over all of K at a time, tiles in turn. A
 // warp's rounds are the slice pairs q = warp, warp + 4, ... of the tile (256 codes: the decode kernel's fragment layout
 // over two 128-code slices); every load of a round (four 16-byte weight pieces, one aligned 4-byte word of a row's
 // absmax codes and one nested absmax per row) goes into registers two rounds ahead of its decode (three buffers), no
 // cp.async ring. The pair table (lane l's copy at word 64 v + l), the nested codes and x (in the table's holes) are set
 // up once per block while the first rounds fly; a tile ends with the warps' row sums added in warp order in shared
-// memory (bitwise repeatable). For a kernel without static shared memory the dynamic array starts at the window offset
-// kBurstBase (sm_90: after the 1 KiB the system reserves), where a table lookup is one PRMT + one LDS [R + imm]; where
-// it does not (checked per block), the same code with the base in a register.
+// memory (bitwise repeatable). For a kernel without static shared memory the dynamic array starts at the window
+// offset burst::kBase (sm_90: after the 1 KiB the system reserves), where a table lookup is one PRMT + one LDS
+// [R + imm]; where it does not (checked per block), the same code with the base in a register.
 // H200, M = 1 / 2 (interleaved with fastnf4.linear, results/h200-probe-burst-m1.json / -m2.json): faster
 // than the decode kernels on the 11-22M-element weights of N >= 2048 (Gemma q 8.3 vs 8.9 us, o 8.3 vs 10.3, k+v 6.7
 // vs 7.2 at M = 1), not elsewhere (``gemv_mma.burst_wanted``).

@@ -1,5 +1,6 @@
-// gemv_mma_pipe, the tensor-core decode kernel of gemv_mma.cu: variants 0 (16 warps x 6 ring stages) and 5 (20 x 4)
-// for M <= 2, and 7 / 8 (the same with pair columns, kPair) for M <= 4.
+// gemv_mma_pipe, the tensor-core decode kernel of gemv_mma.cu: builds ``decode`` (16 warps x 6 ring stages) and
+// ``decode_wide`` (20 x 4) for M <= 2, and ``decode_pair`` / ``decode_pair_wide`` (the same with pair columns, kPair)
+// for M <= 4.
 // Shape contract (the host checks it, gemv_mma.py): x [M, K] and y [M, N] bf16 / fp16, contiguous, 16-byte aligned
 // rows; packed [N, K / 2] (two codes per byte, the high nibble first) 16-byte aligned; K % 32 == 0, K < 2^31;
 // blocksize a power of two >= 32 (pair columns: >= 64 with K % 64 == 0); absmax float32, or uint8 codes with nested
@@ -104,8 +105,8 @@ __device__ __forceinline__ void finish_item(const Params& p, const float (&acc)[
 // every staged weight (Llama gate_up 78.6 vs 89.9 us, q+o 16.3 vs 17.9); unpredicated
 // loads (the other lanes reading a zero hole) and a block barrier after the first weight slice instead of after x
 // alone were each slower than the register path.
-// kPair (variants 7 / 8, M <= 4): B column n stands for (x row n / 2, chunk pair n % 2) instead of (x row n / 4,
-// chunk n % 4): lane (g, t) carries x row g / 2 at its chunk t when g % 2 == t / 2. A pair of 32-code chunks (64
+// kPair (``decode_pair`` / ``decode_pair_wide``, M <= 4): B column n stands for (x row n / 2, chunk pair n % 2)
+// instead of (x row n / 4, chunk n % 4): lane (g, t) carries x row g / 2 at its chunk t when g % 2 == t / 2. A pair of 32-code chunks (64
 // codes) lies in one quantization block where the blocksize is >= 64 and K % 64 == 0 (the host's condition), so one
 // absmax per C column still holds, and one column group covers four x rows: the same decode, x loads and mma per
 // slice as at M <= 2. Lane (g, t) then ends with x row t's two pair columns of rows g and g + 8 (no shuffle). x in
@@ -237,8 +238,8 @@ __global__ void __launch_bounds__(pipe::Cfg<CG, kCfg>::kThreads, 1) gemv_mma_pip
   const long long nblocks = (N * K + p.blocksize - 1) >> log2_bs;
   // statistics copied a phase ahead (16-byte cp.async of the rows' windows): the absmax array 16-byte aligned and a
   // whole number of 16-byte chunks long. (A window's copy at the array's end asks for fewer source bytes, but
-  // compute-sanitizer counts such a copy as a read of all 16: benchmarks/sanitize_probe/cpasync_tail.cu.) Otherwise
-  // the synchronous form; no model weight needs it (N K / blocksize is a multiple of 16 on every one).
+  // compute-sanitizer counts such a copy as a read of all 16: 911b375^:benchmarks/sanitize_probe/cpasync_tail.cu.)
+  // Otherwise the synchronous form; no model weight needs it (N K / blocksize is a multiple of 16 on every one).
   const bool async_stats = pair_shares_block && (reinterpret_cast<uintptr_t>(p.absmax) & 15) == 0 &&
                            (nblocks & (kNested ? 15 : 3)) == 0;
 

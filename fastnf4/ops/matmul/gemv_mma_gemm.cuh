@@ -1,5 +1,5 @@
-// gemm_mma_pipe, the tensor-core GEMM kernel of gemv_mma.cu for 2 < M <= 32: variants 1 / 2 / 3 = MT 1 / 2 / 4 tiles
-// of 8 x rows (M <= 8 / 16 / 32).
+// gemm_mma_pipe, the tensor-core GEMM kernel of gemv_mma.cu for 2 < M <= 32: builds ``gemm_m8`` / ``gemm_m16`` /
+// ``gemm_m32`` = MT 1 / 2 / 4 tiles of 8 x rows (M <= 8 / 16 / 32).
 // Shape contract (the host checks it, gemv_mma.py): x [M, K] and y [M, N] bf16 / fp16, contiguous, 16-byte aligned
 // rows; packed [N, K / 2] 16-byte aligned; K % 32 == 0, K < 2^31; blocksize a power of two >= 32; absmax float32, or
 // uint8 codes with nested statistics in blocks of 256; the split-K counters zero between launches.

@@ -1,5 +1,5 @@
-// The CUDA-core small-weight kernels of gemv_mma.cu (no pair table, no tensor cores): gemv_small (variant 4, M <= 2)
-// and gemv_split (variant 6, M = 1 or 2: its kM).
+// The CUDA-core small-weight kernels of gemv_mma.cu (no pair table, no tensor cores): gemv_small (build ``small``,
+// M <= 2) and gemv_split (build ``split``, M = 1 or 2: its kM).
 // Shape contract (the host checks it, gemv_mma.py): x [M, K] and y [M, N] bf16 / fp16, contiguous, 16-byte aligned
 // rows; M K sizeof(T) <= 32 KiB (x is staged whole); packed [N, K / 2] 16-byte aligned; K % 32 == 0; blocksize a
 // power of two >= 32; absmax float32, or uint8 codes with nested statistics in blocks of 256; no split-K.
@@ -12,7 +12,7 @@
 
 namespace fastnf4_mma {
 
-// Small-weight decode kernel (variant 4, M <= 2): one warp per weight row, CUDA cores, no shared pair table.
+// Small-weight decode kernel (``small``, M <= 2, only when forced): one warp per weight row, CUDA cores, no shared pair table.
 // For weights of a few MB the tensor-core decode kernel is bound by fixed costs (building its 64 KiB table,
 // filling its pipeline, the split-K reduction), not by bytes; this one has none of them: x is staged in shared
 // memory once per block, each lane reads 16-byte chunks (32 codes) of its row, looks codes up in a 16-entry float
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(small::kThreads) gemv_small(const __grid_const
   }
 }
 
-// M = 1 (and 2) small-weight kernel (variant 6): like the small-weight kernel but with more, smaller pieces per row, so
+// M = 1 (and 2) small-weight kernel (``split``): like the small-weight kernel but with more, smaller pieces per row, so
 // that a launch has every SM busy with several loads in flight per lane. A block takes 8 weight
 // rows at a time: its warps form 4 groups of 2 rows, and the 2 warps of a group split K (kParts): lane l of part
 // t takes the 16-byte chunks (32 codes) 32 (2 j + t) + l of both rows. All of a lane's chunks of one round

@@ -98,7 +98,7 @@ def stats_fit(absmax: torch.Tensor, nested: bool) -> bool:
     """Whether the kernel's copies of whole aligned statistics words (4 bytes of 8-bit codes, or 16 bytes of float
     absmax: wgmma.cu) stay inside ``absmax``: its end on such a boundary. The quantizer's arrays end there on every
     shape with N K / blocksize a multiple of 4 (every model weight); compute-sanitizer reports the others' last word
-    as a read past the allocation (benchmarks/sanitize.py)."""
+    as a read past the allocation (tools/sanitize.py)."""
     return (absmax.data_ptr() + absmax.numel() * absmax.element_size()) % (4 if nested else 16) == 0
 
 
