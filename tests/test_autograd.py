@@ -183,7 +183,7 @@ def test_compiled_training_step_through_nf4_layers(rng):
 
 @pytest.mark.parametrize("m", [1, 4, 40])
 def test_output_dtype_is_x_dtype_under_autocast(m, rng):
-    """(Session 38's audit.) Under torch.autocast the fused paths kept x's dtype and the dequantize + matmul path
+    """(Fixed in 6412d9a.) Under torch.autocast the fused paths kept x's dtype and the dequantize + matmul path
     took autocast's: the dtype depended on M, and eager disagreed with the fake implementation and compiled code."""
     q = fastnf4.quantize(torch.randn(48, 64, generator=rng), blocksize=64)
     x = torch.randn(m, 64, generator=rng)

@@ -98,7 +98,7 @@ def _with_json(sd, **changes):
 
 
 def test_weight_fields_of_the_wrong_kind_are_named():
-    """(Session 38's audit: each of these got through to a crash deep inside, or to silently wrong numbers.)"""
+    """(Before 6d74eba each of these got through to a crash deep inside, or to silently wrong numbers.)"""
     q = fastnf4.quantize(torch.randn(4, 64))
     # a custom table built into the weight directly: fastnf4 (as bitsandbytes' kernels) would decode with the standard
     with pytest.raises(ValueError, match="standard nf4 table"):

@@ -128,7 +128,7 @@ def test_inference_mode_runs_on_fastnf4_at_the_backend_key(patched, rng):
 
 
 def test_autograd_key_patch_is_skipped_under_inference_mode(rng):
-    """backend_key=False: the Autograd-key patch (the form before session 29) runs under no_grad, not under
+    """backend_key=False: the Autograd-key patch (the form before 48ee61e) runs under no_grad, not under
     inference_mode (bitsandbytes' kernel then runs)."""
     w = torch.randn(32, 64, generator=rng)
     p, qs = F.quantize_4bit(w, blocksize=64, quant_type="nf4")
@@ -173,7 +173,7 @@ def test_autopatch_is_on_unless_switched_off(monkeypatch):
 
 
 def test_calls_the_patch_must_leave_to_bitsandbytes(patched, rng):
-    """(Session 38's audit.) Double-quant statistics that are not contiguous, and K = 0, go to bitsandbytes' kernel
+    """(Fixed in 1a6694f.) Double-quant statistics that are not contiguous, and K = 0, go to bitsandbytes' kernel
     (they raised in fastnf4's checks / divided by zero); the result is bitsandbytes' own."""
     p, st = F.quantize_4bit(torch.randn(64, 512, generator=rng), blocksize=64, compress_statistics=True,
                             quant_type="nf4")
@@ -192,7 +192,7 @@ def test_calls_the_patch_must_leave_to_bitsandbytes(patched, rng):
 
 
 def test_a_fake_tensor_trace_leaves_no_fake_tables_behind():
-    """(Session 38's audit.) The first use of a code table under a FakeTensorMode (a patched op reached with fake
+    """(Fixed in 1a6694f.) The first use of a code table under a FakeTensorMode (a patched op reached with fake
     tensors) used to cache a fake table for good: every real call after it failed. In a fresh process."""
     import os
     import subprocess

@@ -339,7 +339,7 @@ def test_fuzz_transformers(c: Case, tmp_path):
     from safetensors.torch import load_file
     # bitsandbytes' public CPU decode runs its native library's CPU kernel. With the CPU build of that library (what a
     # CPU-only machine loads) it gives the reference bits; the CUDA build's copy of that kernel (loaded wherever a GPU
-    # is) does not: on an H100 machine (0.50.2, session 41) it decoded 14 of the 8192 fp16 values of a [128, 64]
+    # is) does not: on an H100 machine (0.50.2, db1da94) it decoded 14 of the 8192 fp16 values of a [128, 64]
     # weight, all in the last 256-block, one ulp off its own generic decode and its CUDA kernel (three fp16 cases of
     # this test). There the public decode is not the oracle; bitsandbytes' generic decode (the same product in float32,
     # one cast, as its CUDA kernel) is checked everywhere. Its CUDA decode is checked on the GPU

@@ -148,8 +148,9 @@ def test_dispatch_table():
 
 
 def test_wgmma_rules_on_low_bandwidth_gpus():
-    # H200 rules at M 385-512: N = 8192 from 20M elements, N >= 40960 from 200M, none at M 257-384 (session 36:
-    # dequantize + cuBLAS ahead at M = 288); low-bandwidth GPUs add N >= 8192 or K >= 16384 from 20M at M 353-512
+    # H200 rules at M 385-512: N = 8192 from 20M elements, N >= 40960 from 200M, none at M 257-384 (dequantize +
+    # cuBLAS ahead at M = 288: benchmarks/results/h200-probe-wgmma-m257-512.json); low-bandwidth GPUs add N >= 8192
+    # or K >= 16384 from 20M at M 353-512
     for n, k, h200, low in ((28672, 8192, False, True), (5120, 25600, False, True), (10240, 5120, False, True),
                             (5120, 8192, False, False), (5376, 4096, False, False), (4096, 5376, False, False),
                             (57344, 8192, True, True), (8192, 8192, True, True), (8192, 2048, False, False)):
@@ -184,10 +185,10 @@ def test_low_bandwidth_from_device_properties(monkeypatch):
 
 
 def test_wgmma_dispatch_on_model_shapes():
-    """Where the Hopper kernel takes over from the GEMM kernel or dequantize + cuBLAS (H200, probe_wgmma.py, bench
-    matmul): none at M <= 4 (M 3-4: the pair-column decode kernel), every weight of >= 20M elements at M 5-32, of >= 32M
-    at M <= 64, of >= 20M at M <= 128,
-    most at M <= 256, the largest at M <= 512, none above."""
+    """Where the Hopper kernel takes over from the GEMM kernel or dequantize + cuBLAS (H200,
+    82c15ba:benchmarks/probe_wgmma.py, bench matmul): none at M <= 4 (M 3-4: the pair-column decode kernel), every
+    weight of >= 20M elements at M 5-32, of >= 32M at M <= 64, of >= 20M at M <= 128, most at M <= 256, the largest
+    at M <= 512, none above."""
     from fastnf4.bench.harness import model_shapes
 
     def path(m, n, k):
@@ -197,25 +198,30 @@ def test_wgmma_dispatch_on_model_shapes():
     taken = {mm: sorted({(n, k) for _, _, n, k in model_shapes() if path(mm, n, k) == "wgmma"})
              for mm in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 256, 257, 384, 385, 512, 513, 2048)}
     assert taken[1] == taken[2] == [] and taken[513] == taken[2048] == []
-    # M 3-4 (probe_pair_cols.py, session 27): every model weight on gemv_mma.cu's pair-column decode kernel instead
+    # M 3-4 (82c15ba:benchmarks/probe_pair_cols.py, benchmarks/results/h200-probe-pair-cols-local.json): every model
+    # weight on gemv_mma.cu's pair-column decode kernel instead
     assert taken[3] == taken[4] == []
     assert all(path(mm, n, k) == "mma" for mm in (3, 4) for _, _, n, k in model_shapes())
     big = {(n, k) for _, _, n, k in model_shapes() if n * k >= 20 * 2**20}
     kv = {(1024, 8192), (1024, 5120), (2048, 5376)}  # the k+v projections (5-11M elements)
     assert kv == {(n, k) for _, _, n, k in model_shapes() if n * k < 20 * 2**20}
-    # M 5-8 (probe_small_m_plans.py --all --m 4,8 and probe_wgmma_wide_tail.py, session 18): every weight of >= 20M
-    # elements (Llama gate_up since the wide-weight tail plan); M 9-32 (probe_small_m_plans.py --all, session 17; at
-    # M 17-32 probe_wgmma.py --small before) the same; and since session 26 (probe_wgmma.py --kv) the k+v projections
-    # at M 3-32 too, Llama's and Qwen's (N = 1024) at M 33-64, Llama's and Gemma's at M 65-128
+    # M 5-8 (82c15ba:benchmarks/probe_small_m_plans.py --all --m 4,8 and 82c15ba:benchmarks/probe_wgmma_wide_tail.py;
+    # da7e8ed, 81d7b8c): every weight of >= 20M elements (Llama gate_up since the wide-weight tail plan); M 9-32
+    # (82c15ba:benchmarks/probe_small_m_plans.py --all, fb45f71; at M 17-32 82c15ba:benchmarks/probe_wgmma.py --small
+    # before, 4ab29c6) the same; and since 7c21521 (82c15ba:benchmarks/probe_wgmma.py --kv,
+    # benchmarks/results/h200-probe-wgmma-kv.json) the k+v projections at M 3-32 too, Llama's and Qwen's (N = 1024) at
+    # M 33-64, Llama's and Gemma's at M 65-128
     assert set(taken[5]) == set(taken[8]) == big | kv
     assert set(taken[9]) == set(taken[16]) == set(taken[17]) == set(taken[32]) == big | kv
-    # M 33-256 (probe_wgmma.py --ms 64,256,512, session 26): every weight from 20M elements (Gemma q / o at M = 64 and
-    # the qkv projections of N = 10240 at M = 256 since then)
+    # M 33-256 (82c15ba:benchmarks/probe_wgmma.py --ms 64,256,512, benchmarks/results/h200-probe-wgmma-dispatch.json):
+    # every weight from 20M elements (Gemma q / o at M = 64 and the qkv projections of N = 10240 at M = 256 since
+    # 7a524c1)
     assert set(taken[33]) == set(taken[64]) == big | {(1024, 8192), (1024, 5120)}
     assert set(taken[65]) == set(taken[128]) == big | {(1024, 8192), (2048, 5376)}
     assert set(taken[256]) == big
     # M 385-512 (the same probe): the N = 8192 weights from 20M elements and the gate_up projections (N >= 40960);
-    # M 257-384 none (probe_wgmma.py --ms 288,384,512, session 36: dequantize + cuBLAS ahead at M = 288 on all 17)
+    # M 257-384 none (82c15ba:benchmarks/probe_wgmma.py --ms 288,384,512,
+    # benchmarks/results/h200-probe-wgmma-m257-512.json: dequantize + cuBLAS ahead at M = 288 on all 17; 8a776b8)
     assert taken[257] == taken[384] == []
     assert taken[385] == taken[512]
     assert set(taken[512]) == {(8192, 8192), (8192, 28672), (8192, 5120), (8192, 5376), (57344, 8192), (51200, 5120),
@@ -239,8 +245,10 @@ def test_eager_plan_key_follows_the_wgmma_buckets():
 
 
 def test_wide_rows_on_model_shapes():
-    """The 192-row wgmma blocks (M 65-128): every model weight of N >= 10240 (session 35) and Llama down (N = 8192,
-    K = 28672; session 36), none of the other narrow ones (probe_wgmma_rows_plans.py: slower there)."""
+    """The 192-row wgmma blocks (M 65-128): every model weight of N >= 10240 (5ff2512,
+    benchmarks/results/h200-probe-wgmma-rows.json) and Llama down (N = 8192, K = 28672; 8a776b8), none of the other
+    narrow ones (82c15ba:benchmarks/probe_wgmma_rows_plans.py, benchmarks/results/h200-probe-wgmma-rows-plans.json:
+    slower there)."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import wgmma
 
@@ -295,9 +303,9 @@ def test_wgmma_tail_plan_fills_the_last_wave():
     assert wgmma._makespan([(264, 10)], 132) == 20 and wgmma._makespan([(132, 10), (100, 3)], 132) == 13
     assert wgmma._makespan([(133, 10)], 132) == 20
     assert wgmma.plan(128, 21504, 5376, 132, 128, 1) == (3, 28, 132)
-    # two blocks per SM (BM <= 64): 168 tiles fill 64% of the 264 slots: 126 whole, 42 in 3 parts (252 blocks; session
-    # 18: 40.9 vs 42.8 us for 72 whole and 96 in 2 parts at M = 16); 200 tiles (76%) and 132 or fewer (the one-wave
-    # plan splits them all) stay as they were
+    # two blocks per SM (BM <= 64): 168 tiles fill 64% of the 264 slots: 126 whole, 42 in 3 parts (252 blocks;
+    # 47ee704, benchmarks/results/h200-probe-small-m-plans-gemma.json: 40.9 vs 42.8 us for 72 whole and 96 in 2 parts
+    # at M = 16); 200 tiles (76%) and 132 or fewer (the one-wave plan splits them all) stay as they were
     assert wgmma.plan(16, 21504, 5376, 264, 16, 2) == (3, 28, 126)
     assert wgmma.plan(8, 21504, 5376, 264, 8, 2) == (3, 28, 126)
     assert wgmma.plan(32, 25600, 5120, 264, 32, 2) == (1, 80, 200)
@@ -315,7 +323,7 @@ def test_wgmma_not_supported_off_hopper():
 def test_wgmma_stats_fit_asks_for_the_arrays_end_on_a_copy_boundary():
     """wgmma.cu copies statistics as whole aligned words (4 bytes of 8-bit codes, 16 of float absmax), so it runs
     only where the array ends on such a boundary; compute-sanitizer reported the others' last word as a read past
-    the allocation (benchmarks/sanitize.py)."""
+    the allocation (tools/sanitize.py)."""
     from fastnf4.ops.matmul import wgmma
 
     base = torch.zeros(8192, dtype=torch.uint8)
@@ -444,10 +452,10 @@ def _cuobjdump():
 def _in_flight_fragment_writes(sass: str) -> tuple[int, list[str]]:
     """(wgmma groups seen, instructions that write an A-fragment register of an issued HGMMA group before a
     WARPGROUP.DEPBAR that waits for it): wgmma reads its register A operand asynchronously and ptxas does not
-    guard it (NOTES.md sessions 8 and 9: both times the next step's decode was given the in-flight registers).
-    Groups in flight are tracked in issue order: ``DEPBAR.LE gsb0, N`` leaves the newest N of them in flight, so a
-    kernel that waits for all but the newest group (session 30's two-row-group build, 6212a90) is checked up to the
-    wait that really retires each group. A linear scan of each function's SASS."""
+    guard it (22a8dd2:NOTES.md "Hopper wgmma kernel" and "where the wgmma kernel's time goes": both times the next
+    step's decode was given the in-flight registers). Groups in flight are tracked in issue order: ``DEPBAR.LE gsb0,
+    N`` leaves the newest N of them in flight, so a kernel that waits for all but the newest group (the two-row-group
+    build, 6212a90) is checked up to the wait that really retires each group. A linear scan of each function's SASS."""
     import re
 
     groups, bad = 0, []
@@ -480,7 +488,8 @@ def _in_flight_fragment_writes(sass: str) -> tuple[int, list[str]]:
 def test_wgmma_wide_weights_split_their_second_wave():
     from fastnf4.ops.matmul import wgmma
 
-    # H200, session 18 (probe_wgmma_wide_tail.py): one wave of whole tiles, the rest in 2 / 3 parts
+    # H200 (82c15ba:benchmarks/probe_wgmma_wide_tail.py, benchmarks/results/h200-probe-wgmma-wide-tail.json; 81d7b8c):
+    # one wave of whole tiles, the rest in 2 / 3 parts
     for m in (4, 8, 16, 32):
         bm = wgmma.block_m(m)
         assert wgmma.plan(m, 57344, 8192, 264, bm, 2) == (2, 64, 264)  # Llama gate_up: 184 tiles left
@@ -495,22 +504,23 @@ def test_decode_plan_prices_split_k_as_measured():
     from fastnf4.ops.matmul import gemv_mma
 
     cost = gemv_mma.DECODE_SPLIT_COST
-    # H200, session 16 (probe_decode.py, every split count): Llama gate+up 52.5 us whole against 59.5 in 7 splits,
-    # Qwen gate_up 61.8 in 3 splits against 63.0 in 5; the other weights keep their (fastest) plans
+    # H200, f5796dc (82c15ba:benchmarks/probe_decode.py, every split count): Llama gate+up 52.5 us whole against 59.5
+    # in 7 splits, Qwen gate_up 61.8 in 3 splits against 63.0 in 5; the other weights keep their (fastest) plans
     assert gemv_mma.plan(1, 28672, 8192, 132 * 16, split_cost=cost) == (1, 64)
     assert gemv_mma.plan(1, 51200, 5120, 132 * 16, split_cost=cost)[0] == 3
     for n, k, warps in ((57344, 8192, 132 * 16), (8192, 28672, 132 * 16), (21504, 5376, 132 * 16),
                         (8192, 8192, 132 * 20)):
         assert gemv_mma.plan(1, n, k, warps, split_cost=cost) == gemv_mma.plan(1, n, k, warps)
     assert gemv_mma.plan(1, 28672, 8192, 132 * 16)[0] > 1  # the default cost (other kernels, M > 2) splits it
-    # M = 2 (session 17, FASTNF4_PROBE_M=2): the same price; Qwen o 6 splits (17.3 us) instead of 13 (19.0)
+    # M = 2 (7cd7d29, FASTNF4_PROBE_M=2): the same price; Qwen o 6 splits (17.3 us) instead of 13 (19.0)
     assert gemv_mma.plan(2, 5120, 8192, 132 * 16, split_cost=cost)[0] == 6
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_wgmma_fragments_are_not_overwritten_in_flight(tmp_path):
     """The SASS of every wgmma variant: no instruction between an HGMMA group and its wait writes the group's A
-    registers. (The statistics-ahead attempt of session 9 had 12 such kernels of 12; this check finds them.)"""
+    registers. (The statistics-ahead attempt, reverted in ccc932a, had 12 such kernels of 12; this check finds
+    them.)"""
     import subprocess
 
     from fastnf4 import _cuda
@@ -535,12 +545,13 @@ def test_small_weight_kernels_take_the_kv_projections():
     for n, k in kv:  # every k/v projection of the three models at M = 1 (H200: 1.6-2.2x bitsandbytes)
         assert gemv_mma.choose(1, n, k, 2) == gemv_mma.SPLIT
     for model, layer, n, k in model_shapes():
-        # nothing larger: not Gemma q / o (11 MB; since session 26 faster on the decode kernels: Gemma o 10.1 vs 11.4
-        # us on the H200) nor Qwen q (21 MB: 17.0 vs 14.9 us)
+        # nothing larger: not Gemma q / o (11 MB; since 7c50fa8 faster on the decode kernels: Gemma o 10.1 vs 11.4
+        # us on the H200, benchmarks/results/h200-probe-decode-small-m1.txt) nor Qwen q (21 MB: 17.0 vs 14.9 us)
         if layer != "k+v":
             assert gemv_mma.choose(1, n, k, 2) not in (gemv_mma.SPLIT, gemv_mma.SMALL)
-    # M = 2: the split kernel's two-row build on Llama / Qwen k+v (H200, session 24: 7.0 / 5.5 us against 10.9 / 8.1
-    # for the one-warp-per-row kernel); Gemma k+v (11M elements) was slower there than the tensor-core kernels
+    # M = 2: the split kernel's two-row build on Llama / Qwen k+v (H200, 0da5430,
+    # benchmarks/results/h200-probe-decode-split-m2.txt: 7.0 / 5.5 us against 10.9 / 8.1 for the one-warp-per-row
+    # kernel); Gemma k+v (11M elements) was slower there than the tensor-core kernels
     assert gemv_mma.choose(2, 1024, 8192, 2) == gemv_mma.choose(2, 1024, 5120, 2) == gemv_mma.SPLIT
     assert gemv_mma.choose(2, 2048, 5376, 2) in (gemv_mma.variant(2), gemv_mma.DECODE_WIDE)
     assert gemv_mma.choose(2, 512, 8192 + 32, 2) != gemv_mma.SPLIT  # two rows of x must fit its 32 KiB
@@ -554,23 +565,23 @@ def test_wide_decode_kernel_takes_the_mid_weights_at_m1():
     from fastnf4.ops.matmul import gemv_mma
 
     picks = {(model, layer): gemv_mma.choose(1, n, k, 2) for model, layer, n, k in model_shapes()}
-    # measured faster with 20 warps x 4 stages (H200, NOTES.md session 13): q / o / qkv of all three models
+    # measured faster with 20 warps x 4 stages (H200, 5b2d3af): q / o / qkv of all three models
     for layer in ("q+o", "qkv"):
         assert picks[("llama-3.3-70b", layer)] == gemv_mma.DECODE_WIDE
     for model, layer in (("qwen3-32b", "q"), ("qwen3-32b", "o"), ("qwen3-32b", "qkv"), ("gemma-3-27b", "qkv")):
         assert picks[(model, layer)] == gemv_mma.DECODE_WIDE  # (Gemma q / o: the split small-weight kernel)
-    # Llama gate_up and Qwen gate+up measured slower with it (session 13): by size, the 16-warp kernel
+    # Llama gate_up and Qwen gate+up measured slower with it (5b2d3af): by size, the 16-warp kernel
     assert picks[("llama-3.3-70b", "gate_up")] == gemv_mma.variant(1)
     assert picks[("qwen3-32b", "gate+up")] == gemv_mma.variant(1)
-    # at M = 2 as at M = 1 (session 19)
+    # at M = 2 as at M = 1 (120fef6)
     assert gemv_mma.choose(2, 8192, 5120, 2) == gemv_mma.DECODE_WIDE
 
 
 def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
     """Above WIDE_MAX_ELEMS the 20-warp kernel takes the weights whose 16-warp plan has no block-local split-K
-    (H200, 132 SMs x 16 warps, session 19: measured faster on four of the six, 1.8-1.9% slower on Gemma gate+up /
-    down), except where that plan stages x split-major (Gemma down since session 24: 26.85 vs 28.0 us at M = 2); the
-    ones with a block-local plan keep 16 warps."""
+    (H200, 132 SMs x 16 warps, 120fef6: measured faster on four of the six, 1.8-1.9% slower on Gemma gate+up /
+    down), except where that plan stages x split-major (Gemma down, cac0742: 26.85 vs 28.0 us at M = 2,
+    benchmarks/results/h200-probe-decode-regx.txt); the ones with a block-local plan keep 16 warps."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma
 
@@ -594,8 +605,8 @@ def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
             assert wider == local  # among equal costs no cluster
     assert not gemv_mma.wide_above_max(3, 28672, 8192, 132, 16)  # the GEMM kernel's M
     # below it, at M = 1 the split kernel takes the weights of <= SPLIT_MAX_ELEMS (16M): on the model weights the k/v
-    # projections; Gemma q and o (22M) take the decode kernels, and ``decode_cost`` gives both 16 warps (H200, session
-    # 26: Gemma o 10.1 us on 16 warps, 10.7 on 20, 11.4 split)
+    # projections; Gemma q and o (22M) take the decode kernels, and ``decode_cost`` gives both 16 warps (H200, 7c50fa8,
+    # benchmarks/results/h200-probe-decode-small-m1.txt: Gemma o 10.1 us on 16 warps, 10.7 on 20, 11.4 split)
     split = {(model, layer) for model, layer, n, k in model_shapes() if gemv_mma.choose(1, n, k, 2) == gemv_mma.SPLIT}
     assert split == {(model, "k+v") for model in ("llama-3.3-70b", "qwen3-32b", "gemma-3-27b")}
     for n, k in ((4096, 5376), (5376, 4096)):
@@ -605,8 +616,9 @@ def test_large_decode_weights_without_a_block_local_plan_take_the_wide_kernel():
 
 def test_m1_decode_kernel_pick_follows_the_h200_measurements():
     """At M = 1 ``decode_cost`` picks between the 16- and 20-warp decode kernels (132 SMs, one block each, clusters of
-    two): the faster one measured on the H200 in session 21 (probe_decode.py n w, staged x) on every model weight it
-    applies to, but Qwen q (measured 20 warps 11.8 vs 12.2 us) and Llama down (equal within 0.1 us)."""
+    two): the faster one measured on the H200 (1ea5ac3; 82c15ba:benchmarks/probe_decode.py n w, staged x) on every
+    model weight it applies to, but Qwen q (measured 20 warps 11.8 vs 12.2 us) and Llama down (equal within 0.1
+    us)."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma
 
@@ -625,9 +637,10 @@ def test_m1_decode_kernel_pick_follows_the_h200_measurements():
 
 def test_m2_decode_kernel_pick_follows_the_h200_measurements():
     """At M = 2 ``decode_cost`` picks between the 16- and 20-warp decode kernels for the weights ``choose`` gives the
-    20-warp kernel by size (session 26, probe_decode.py 0 w n at M = 2): 16 warps on Gemma q / o / qkv / k+v (0.3-0.6 us
-    faster measured), 20 on Qwen o (13.7 vs 15.6 us) and the qkv projections of N = 10240; the larger weights are not
-    asked (``wide_above_max`` decides there)."""
+    20-warp kernel by size (327fddb; 82c15ba:benchmarks/probe_decode.py 0 w n at M = 2,
+    benchmarks/results/h200-probe-decode-m2-wn.txt): 16 warps on Gemma q / o / qkv / k+v (0.3-0.6 us faster
+    measured), 20 on Qwen o (13.7 vs 15.6 us) and the qkv projections of N = 10240; the larger weights are not asked
+    (``wide_above_max`` decides there)."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma
 
@@ -653,7 +666,7 @@ def test_split_major_plans_fit_their_staged_x():
     """The split-major cluster plans (x too large to stage whole, each block staging its splits' part of K) are offered
     only where x is not staged whole, with whole splits per block, and with the staged x and the partial-sum slots
     together inside the table's 256 holes; on the H200 (132 SMs, clusters of two) Llama and Qwen down take one at M = 1
-    (Qwen down measured 30.2 -> 27.3 us, session 21)."""
+    (Qwen down measured 30.2 -> 27.3 us, 0615452)."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma
 
@@ -715,11 +728,12 @@ def test_wgmma_rounded_code_variants_match_the_source():
 
 
 def test_pair_build_pick_on_model_shapes():
-    """M 3-4 (session 27, benchmarks/probe_pair_cols.py on the H200: 132 SMs, one block per SM, 66 clusters of two): the
-    16- / 20-warp pick of the pair-column decode kernel takes the build that measured faster where the two differed by
-    more than 3%: 20 warps on Qwen q (13.8 vs 15.3 us at M = 3), Llama q+o, Qwen gate+up and Gemma gate+up (block-local
-    20-warp plans), 16 on the k+v projections (20-warp plans unsplit) and on Gemma o / down (both builds settle
-    globally); and every model weight at M 3-4 takes a pair build, none below 4M elements or with blocksize 32."""
+    """M 3-4 (82c15ba:benchmarks/probe_pair_cols.py on the H200, benchmarks/results/h200-probe-pair-cols-local.json:
+    132 SMs, one block per SM, 66 clusters of two): the 16- / 20-warp pick of the pair-column decode kernel takes the
+    build that measured faster where the two differed by more than 3%: 20 warps on Qwen q (13.8 vs 15.3 us at M = 3),
+    Llama q+o, Qwen gate+up and Gemma gate+up (block-local 20-warp plans), 16 on the k+v projections (20-warp plans
+    unsplit) and on Gemma o / down (both builds settle globally); and every model weight at M 3-4 takes a pair build,
+    none below 4M elements or with blocksize 32."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma as g
 
@@ -751,10 +765,11 @@ def test_pair_kernel_only_where_it_runs():
 
 
 def test_burst_kernel_rule_on_model_shapes():
-    """M <= 2 (session 28, benchmarks/probe_burst.py on the H200): the burst decode kernel takes exactly the model weights
-    where it measured faster than the decode kernels at M = 1 and 2, Gemma q, o and k+v (11-22M elements, N >= 2048),
-    and none where it measured slower (the N = 1024 k+v projections, 42M elements and up); never at M >= 3, blocksize
-    32, K % 256 != 0 or an x longer than the table's holes (M K > 16384)."""
+    """M <= 2 (82c15ba:benchmarks/probe_burst.py on the H200, benchmarks/results/h200-probe-burst-m1.json / -m2.json):
+    the burst decode kernel takes exactly the model weights where it measured faster than the decode kernels at M = 1
+    and 2, Gemma q, o and k+v (11-22M elements, N >= 2048), and none where it measured slower (the N = 1024 k+v
+    projections, 42M elements and up); never at M >= 3, blocksize 32, K % 256 != 0 or an x longer than the table's
+    holes (M K > 16384)."""
     from fastnf4.bench.harness import model_shapes
     from fastnf4.ops.matmul import gemv_mma as g
 

@@ -47,11 +47,11 @@ def test_bitwise_equal_to_full_path(nested, dtype):
 
 
 def test_fast_path_follows_the_dispatcher_over_the_wide_m_buckets():
-    """M 257-512, where the path changes with M (no wgmma at 257-384, from 353 on low-bandwidth GPUs; session 36): a
-    weight the M 385-512 rule takes (N = 8192, 21M elements), calls in alternating buckets. Each is bitwise equal to
-    the full op path, and its cached launch is of the kind the dispatcher picks for that M (bits alone cannot tell:
-    the wgmma kernel's exact decode and cuBLAS on the dequantized weight can give the same sums here), so a launch
-    cached for another bucket would show."""
+    """M 257-512, where the path changes with M (no wgmma at 257-384, from 353 on low-bandwidth GPUs; 8a776b8,
+    459e62d): a weight the M 385-512 rule takes (N = 8192, 21M elements), calls in alternating buckets. Each is
+    bitwise equal to the full op path, and its cached launch is of the kind the dispatcher picks for that M (bits
+    alone cannot tell: the wgmma kernel's exact decode and cuBLAS on the dequantized weight can give the same sums
+    here), so a launch cached for another bucket would show."""
     from fastnf4.ops.matmul import dispatch
 
     torch.manual_seed(2)
@@ -213,10 +213,10 @@ print("ok")
 @pytest.mark.parametrize("m", [0, 1, 2, 8])
 def test_first_call_inside_a_graph_capture(m):
     """A weight's first fastnf4 call may be inside a CUDA graph capture (fresh process): its code table is on the
-    GPU since the NF4Weight was built there (before session 47 every such call failed on the table's host-to-device
+    GPU since the NF4Weight was built there (before 22a8dd2 every such call failed on the table's host-to-device
     copy). M = 0 is dequantize(out=). cuBLAS is warmed up first, as PyTorch needs before any capture of a matmul (its
-    handle cannot be created inside one; benchmarks/probe_cold_capture.py shows fastnf4 calls that reach cuBLAS failing
-    there without it)."""
+    handle cannot be created inside one; 82c15ba:benchmarks/probe_cold_capture.py shows fastnf4 calls that reach
+    cuBLAS failing there without it)."""
     import subprocess
     import sys
 

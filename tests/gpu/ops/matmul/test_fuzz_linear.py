@@ -6,7 +6,7 @@ dtype (bf16 / fp16, sometimes fp32), a bias or none, x contiguous or a strided v
 - the output is finite, of the right shape and dtype, and within the issue's error budget: a relative Frobenius error
   against a float64 product with the dequantized weight of at most 2x that of cuBLAS on the same weight (plus a
   floor of 2^-12 for products near exact cancellation), both measured over at least MIN_OUTPUTS outputs (repeated
-  calls on fresh x where the shape has fewer: the error of two outputs is chance, session 38);
+  calls on fresh x where the shape has fewer: the error of two outputs is chance, 742191c);
 - the eager fast path (cached launches) and the registered op's full path give the same bits, twice (the cache
   entry reused, x fresh).
 """

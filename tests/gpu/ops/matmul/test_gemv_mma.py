@@ -440,7 +440,7 @@ def test_burst_kernel_matches_arithmetic_model(n, k, blocksize, nested, dtype):
     absmax = q.absmax
     if not gemv_mma.words_fit(absmax):
         # an odd count of 8-bit codes (17 x 256 / 128, 3000 x 5376 / 4096, ...): the kernel reads whole words, so the
-        # last would lie partly past the array (compute-sanitizer: benchmarks/sanitize.py). Refused, and never the
+        # last would lie partly past the array (compute-sanitizer: tools/sanitize.py). Refused, and never the
         # dispatcher's pick; the kernel is checked with the codes padded to whole words (the padding is never used)
         assert nested
         x = torch.randn(1, k, device="cuda", dtype=dtype)
