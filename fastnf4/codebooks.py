@@ -39,8 +39,9 @@ _FP4_TWELFTHS = (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0,
 def _outside_inference_mode(fn, *args):
     """``fn(*args)`` as a normal tensor even when called under ``torch.inference_mode()``: the cached tables outlive
     the call, and an inference tensor in the cache would break every later call that autograd records (a table saved
-    for backward: "Inference tensors cannot be saved for backward")."""
-    if torch.is_inference_mode_enabled():
+    for backward: "Inference tensors cannot be saved for backward"). Under a trace (``torch.compile``) there is no
+    inference mode to leave, and Dynamo cannot trace the question."""
+    if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
         with torch.inference_mode(False):
             return fn(*args)
     return fn(*args)
