@@ -34,8 +34,8 @@ usage: python tools/hf_generate_check.py OUT_DIR [--tiny] [--new-tokens 64] [--p
 
 Writes OUT_DIR/<gpu>-hf-generate.json (``h200-hf-generate.json`` on an H200) and prints a short table. Exit status: 1
 if the compiled tokens differ from the eager ones, 3 if they are equal but the decode speed is not within 10% of
-bench e2e's compiled generate figure, 0 if both hold. About 3-5 minutes on an H200 (five compiles of 4 layers,
-about 4 GB of checkpoint written to and read from the temporary folder).
+bench e2e's compiled generate figure, 0 if both hold. About 1-2 minutes on an H200 (75 s measured: five compiles
+of 4 layers, about 4 GB of checkpoint written to and read from the temporary folder).
 
 ``--tiny``: a 2-layer tiny Qwen3 on the CPU (or the GPU where one is visible and ``--device cuda`` is given), the same
 steps 1-3 without timing and without the bench. On the CPU transformers compiles nothing by itself (its automatic
