@@ -38,7 +38,8 @@ what a user of ``generate()`` gets, and what ``tools/hf_generate_check.py`` comp
 ``from_pretrained`` against. One more compile per batch size (about 2 minutes at full depth on the H200).
 
 For graph and compiled rows, the torch profiler's split of the replays' GPU time: ``share_4bit`` (4-bit dequantize /
-matmul kernels, ``study.e2e.kernel_split``), ``four_bit_us`` (their GPU time per step) against ``floor_4bit_us``, the
+matmul kernels, ``study.e2e.kernel_split``), ``four_bit_us`` (their GPU time per step: the time during which any of
+them ran, kernels that overlap counted once; ``four_bit_sum_us`` adds their times) against ``floor_4bit_us``, the
 NF4 byte floor of the model's quantized linears at that batch (``nf4_floor_bytes`` at the copy bandwidth measured
 at the start of the run, ``copy`` in the JSON), and the ratio ``four_bit_vs_floor``.
 Memory per variant: ``weights_gib`` (allocated after the build), ``build_peak_gib`` (peak while building and
@@ -191,12 +192,18 @@ def _profile(fn, n: int, top: int) -> dict:
 
 
 def split_row(split: dict, n: int) -> dict:
-    """The row's columns from ``study.e2e.kernel_split``'s result over ``n`` steps."""
+    """The row's columns from ``study.e2e.kernel_split``'s result over ``n`` steps. ``gpu_us_per_step`` and
+    ``four_bit_us`` are busy times (kernels that overlap counted once) where the profile gave the kernels'
+    intervals, else sums; ``four_bit_sum_us`` is always the sum of the 4-bit kernels' times."""
     total = split["total_us"] or float("nan")
     four_bit = split["dequant_us"] + split["other_4bit_us"]
-    return {"gpu_us_per_step": split["total_us"] / n, "share_4bit": four_bit / total,
-            "share_dequant": split["dequant_us"] / total, "four_bit_us": four_bit / n,
-            "top_kernels": [(k, c / n, t / n) for k, c, t in split.get("top", [])]}
+    row = {"gpu_us_per_step": split["total_us"] / n, "share_4bit": four_bit / total,
+           "share_dequant": split["dequant_us"] / total, "four_bit_us": four_bit / n, "four_bit_sum_us": four_bit / n,
+           "top_kernels": [(k, c / n, t / n) for k, c, t in split.get("top", [])]}
+    if split.get("busy_us"):
+        row.update(gpu_us_per_step=split["busy_us"] / n, four_bit_us=split["four_bit_busy_us"] / n,
+                   share_4bit=split["four_bit_busy_us"] / split["busy_us"])
+    return row
 
 
 class CompiledForward:

@@ -123,11 +123,20 @@ def test_floor_columns_of_a_row():
 # ---------------------------------------------------------------------------------------------- kernel split
 
 
-def fake_profile(kernels: dict[str, float]):
+def fake_profile(kernels: dict[str, float], spans: list | None = None):
+    """A profile with ``key_averages`` (per kernel name: total time) and, where ``spans`` (name, start, end) are
+    given, ``events`` (one per kernel run, with its interval), as torch.profiler gives them."""
     events = [SimpleNamespace(key=k, count=2, device_time_total=t, device_type="DeviceType.CUDA")
               for k, t in kernels.items()]
     events.append(SimpleNamespace(key="fastnf4::linear", count=2, device_time_total=0.0, device_type="DeviceType.CPU"))
-    return SimpleNamespace(key_averages=lambda: events)
+    prof = SimpleNamespace(key_averages=lambda: events)
+    if spans is not None:
+        runs = [SimpleNamespace(name=k, device_type="DeviceType.CUDA", time_range=SimpleNamespace(start=a, end=b))
+                for k, a, b in spans]
+        runs.append(SimpleNamespace(name="fastnf4::linear", device_type="DeviceType.CPU",
+                                    time_range=SimpleNamespace(start=0.0, end=1e6)))
+        prof.events = lambda: runs
+    return prof
 
 
 FOUR_BIT = ["void fastnf4_mma::gemv_mma_pipe<__nv_bfloat16, 1, true, 1, 2, true, false>(fastn",
@@ -159,6 +168,27 @@ def test_kernel_classes_in_eager_and_compiled_steps():
     assert row["four_bit_us"] == pytest.approx((split["other_4bit_us"] + split["dequant_us"]) / 4)
     assert row["share_4bit"] == pytest.approx(4 * row["four_bit_us"] / split["total_us"])
     assert row["gpu_us_per_step"] == split["total_us"] / 4 and len(row["top_kernels"]) == 3
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    # a step as bench e2e saw it at batch 8: the wgmma matmul, its split-K sum launched early (programmatic
+    # dependent launch) and waiting on the GPU for it, then an inductor kernel overlapping the sum's tail, a gap,
+    # and a bitsandbytes dequantize beside a cuBLAS matmul
+    mm, tail = FOUR_BIT[2], FOUR_BIT[3]
+    spans = [(mm, 0.0, 10.0), (tail, 2.0, 12.0), (REST[0], 11.0, 15.0), (DEQUANT[0], 20.0, 24.0), (REST[5], 22.0, 30.0)]
+    times = {}
+    for k, a, b in spans:
+        times[k] = times.get(k, 0.0) + (b - a)
+    split = kernel_split(fake_profile(times, spans))
+    assert split["other_4bit_us"] + split["dequant_us"] == 24.0  # sums: 10 + 10 + 4
+    assert split["four_bit_busy_us"] == 16.0  # [0, 12] and [20, 24]
+    assert split["busy_us"] == 25.0  # [0, 15] and [20, 30]; the CPU event left out
+    row = e2e.split_row(split, n=2)
+    assert row["four_bit_us"] == 8.0 and row["four_bit_sum_us"] == 12.0 and row["gpu_us_per_step"] == 12.5
+    assert row["share_4bit"] == pytest.approx(16.0 / 25.0)
+    # without the kernels' intervals the sums stand
+    split = kernel_split(fake_profile(times))
+    assert "busy_us" not in split and e2e.split_row(split, n=2)["four_bit_us"] == 12.0
 
 
 # ---------------------------------------------------------------------------------------------- compiled forward
